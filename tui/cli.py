@@ -1,0 +1,184 @@
+"""hitproof command line: run / report / refserver / setup."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from . import __version__
+from .core.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, HitproofError
+from .core.scenario import load_scenario, resolve_scenario_path
+
+ENGINES = ("vllm", "llamacpp")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hitproof", description=(
+        "Prove that an LLM server's prefix-cache hits are real: plant codes in long memos, ask for them "
+        "on every hit, rotate memos across concurrent slots, compare cold vs hit."))
+    parser.add_argument("--version", action="version", version=f"hitproof {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a soak (against an embedded real server unless --attach)")
+    where = run.add_mutually_exclusive_group()
+    where.add_argument("--attach", metavar="URL", help="soak a server that is already running")
+    where.add_argument("--engine", choices=ENGINES, default=None,
+                       help="embedded real server to set up and start (default: vllm)")
+    run.add_argument("--model", default="gemma3-270m", help="embedded model (default: gemma3-270m)")
+    run.add_argument("--scenario", default="default", metavar="FILE",
+                     help="scenario TOML, or a name in scenarios/ (default: default)")
+    run.add_argument("--headless", action="store_true", help="no TUI: progress and summary on the console")
+    run.add_argument("--record", metavar="FILE", help="write the event log here (default: logs/hitproof-TIME.jsonl)")
+    run.add_argument("--no-record", action="store_true", help="do not write an event log")
+    run.add_argument("--dialect", choices=("vllm", "llamacpp", "sglang", "openai"),
+                     help="server dialect when attaching (default: detect)")
+    run.add_argument("--verbose", action="store_true", help="also print info-level findings")
+
+    report = sub.add_parser("report", help="summarize a recorded soak log")
+    report.add_argument("log", metavar="LOG")
+    report.add_argument("--format", choices=("text", "json"), default="text")
+
+    refserver = sub.add_parser("refserver", help="the reference fault server (an OpenAI-compatible test server)")
+    from .refserver.cli import configure
+    configure(refserver)
+
+    setup = sub.add_parser("setup", help="install an embedded real engine and its model (cached)")
+    setup.add_argument("--engine", choices=ENGINES + ("all",), default="vllm")
+    setup.add_argument("--model", default="gemma3-270m")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    try:
+        if args.command == "run":
+            return _run(args, console, err, argv)
+        if args.command == "report":
+            return _report(args, console)
+        if args.command == "refserver":
+            from .refserver.cli import main as refserver_main
+            return refserver_main(args)
+        if args.command == "setup":
+            return _setup(args, err)
+    except HitproofError as exc:
+        err.print(f"hitproof: error: {exc}", style="red", markup=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err.print("hitproof: interrupted", style="yellow")
+        return EXIT_INTERRUPTED
+    parser.error(f"unknown command {args.command}")
+    return EXIT_BAD_INPUT
+
+
+def _setup(args, err: Console) -> int:
+    from .engines import SetupError, prepare
+
+    engines = ENGINES if args.engine == "all" else (args.engine,)
+    for engine in engines:
+        try:
+            prepare(engine, model=args.model, progress=lambda line: err.print(f"[setup {engine}] {line}",
+                                                                             markup=False, highlight=False))
+        except SetupError as exc:
+            raise HitproofError(str(exc)) from None
+    err.print("setup complete", style="green")
+    return 0
+
+
+def _run(args, console: Console, err: Console, argv: list[str]) -> int:
+    from .core.events import EventBus
+    from .core.report import RunReport
+    from .headless import HeadlessConsole, summary_renderable
+    from .runner import default_log_path, run_embedded, run_soak
+    from .core.engine import Target
+
+    scenario = load_scenario(resolve_scenario_path(args.scenario))
+    record = None if args.no_record else Path(args.record) if args.record else default_log_path()
+    engine = None if args.attach else (args.engine or "vllm")
+
+    def progress(line: str) -> None:
+        err.print(f"[{engine or 'server'}] {line}", markup=False, highlight=False)
+
+    if engine:
+        from .engines import SetupError, prepare
+        try:
+            prepare(engine, model=args.model, progress=lambda line: err.print(f"[setup {engine}] {line}",
+                                                                             markup=False, highlight=False))
+        except SetupError as exc:
+            raise HitproofError(str(exc)) from None
+
+    bus = EventBus()
+    report = RunReport()
+    bus.subscribe(report.feed)
+    headless = HeadlessConsole(console, show_info=args.verbose)
+    listeners = [headless]
+    hitproof_argv = ["hitproof", *argv]
+
+    async def go():
+        if engine:
+            return await run_embedded(scenario, engine, args.model, bus=bus, record=record, listeners=listeners,
+                                      progress=progress, argv=hitproof_argv)
+        target = Target(url=_normalize_url(args.attach), dialect=args.dialect)
+        return await run_soak(scenario, target, bus=bus, record=record, listeners=listeners, argv=hitproof_argv)
+
+    try:
+        outcome = asyncio.run(go())
+    except KeyboardInterrupt:
+        headless.stop()
+        kept = f"; log kept at {record} ({_count_lines(record)} events)" if record and record.exists() else ""
+        err.print(f"hitproof: interrupted{kept}", style="yellow")
+        return EXIT_INTERRUPTED
+    finally:
+        headless.stop()
+    if report.phases or report.end:
+        console.print(summary_renderable(report, show_info=args.verbose))
+    if outcome.verdict == "error":
+        err.print(f"hitproof: error: {outcome.message}", style="red", markup=False)
+    if record:
+        console.print(f"log: {record}")
+    return outcome.exit_code
+
+
+def _report(args, console: Console) -> int:
+    from .core.recorder import read_log
+    from .core.report import RunReport
+    from .headless import summary_renderable
+
+    contents = read_log(args.log)
+    report = RunReport.from_events(contents.events, warning=contents.warning)
+    if args.format == "json":
+        print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+    else:
+        console.print(summary_renderable(report))
+    if contents.warning:
+        Console(stderr=True).print(f"hitproof: warning: {contents.warning}", style="yellow", markup=False)
+    return 0
+
+
+def _normalize_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[:-3]
+    if "://" not in url:
+        url = "http://" + url
+    return url
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as handle:
+            return sum(1 for _ in handle)
+    except OSError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

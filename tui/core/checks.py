@@ -1,0 +1,161 @@
+"""Pure detectors over answer text. No I/O, no state: each is unit-tested with exact offsets."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+# A four-digit group not glued to other digits.
+_GROUP = re.compile(r"(?<!\d)\d{4}(?!\d)")
+# A whole code, tolerant of the separators a model might reformat it with.
+_SEPARATORS = r"[\s\-\u2010-\u2015.,/]{0,3}"
+
+
+@dataclass(frozen=True)
+class Recall:
+    status: str                 # "exact" | "partial" | "missing"
+    offset: int | None          # where the code (or its first recognised group) starts
+    matched: str | None
+
+    @property
+    def exact(self) -> bool:
+        return self.status == "exact"
+
+
+def check_recall(answer: str, code: str) -> Recall:
+    at = answer.find(code)
+    if at >= 0:
+        return Recall("exact", at, code)
+    groups = code.split("-")
+    loose = re.search(_SEPARATORS.join(groups), answer)
+    if loose:
+        return Recall("partial", loose.start(), loose.group(0))
+    for match in _GROUP.finditer(answer):
+        if match.group(0) in groups:
+            return Recall("partial", match.start(), match.group(0))
+    return Recall("missing", None, None)
+
+
+@dataclass(frozen=True)
+class ForeignCode:
+    code: str
+    owner: str                  # memo id that owns the code
+    offset: int                 # first character of the first matched group
+    groups: int                 # how many of its three groups appear (3 = whole code)
+    matched: str
+
+    @property
+    def whole(self) -> bool:
+        return self.groups >= 2
+
+
+def find_foreign_codes(answer: str, registry: Mapping[str, str], own_code: str | None) -> list[ForeignCode]:
+    """Registered codes of other memos that appear in the answer, by character offset.
+
+    Groups are unique across a run, so one group is attributable to exactly one code; two or
+    more groups (or the whole code) make the attribution unambiguous.
+    """
+    group_owner: dict[str, str] = {}
+    for code in registry:
+        if code == own_code:
+            continue
+        for group in code.split("-"):
+            group_owner[group] = code
+    found: dict[str, list[re.Match]] = {}
+    for match in _GROUP.finditer(answer):
+        code = group_owner.get(match.group(0))
+        if code is not None:
+            found.setdefault(code, []).append(match)
+    result = []
+    for code, matches in found.items():
+        distinct = {m.group(0) for m in matches}
+        first = matches[0]
+        whole = re.search(_SEPARATORS.join(code.split("-")), answer)
+        start = whole.start() if whole else first.start()
+        matched = whole.group(0) if whole else first.group(0)
+        result.append(ForeignCode(code, registry[code], start, 3 if whole else len(distinct), matched))
+    return sorted(result, key=lambda f: f.offset)
+
+
+def is_empty(answer: str) -> bool:
+    return answer.strip() == ""
+
+
+@dataclass(frozen=True)
+class Repetition:
+    unit: str
+    count: int
+    offset: int
+
+
+_REPEAT = re.compile(r"(.{1,12}?)\1{7,}", re.DOTALL)
+
+
+def find_repetition(answer: str, min_repeats: int = 8, max_unit_chars: int = 12) -> Repetition | None:
+    """A collapse into one repeated token: a short unit repeated at least `min_repeats` times.
+
+    Whole-phrase loops (a base model repeating a sentence) are not a collapse; the unit is
+    capped at one short word so "the the the ..." and "0000..." match and sentences do not.
+    """
+    pattern = _REPEAT if (min_repeats, max_unit_chars) == (8, 12) else \
+        re.compile(rf"(.{{1,{max_unit_chars}}}?)\1{{{min_repeats - 1},}}", re.DOTALL)
+    for match in pattern.finditer(answer):
+        unit = match.group(1)
+        if unit.strip() == "":
+            continue                        # runs of whitespace are layout, not a collapse
+        if len(unit.split()) > 1:
+            continue
+        count = len(match.group(0)) // len(unit)
+        return Repetition(unit=unit, count=count, offset=match.start())
+    return None
+
+
+def first_divergence(a: str, b: str) -> int | None:
+    """Index of the first differing character; None when identical."""
+    if a == b:
+        return None
+    limit = min(len(a), len(b))
+    for i in range(limit):
+        if a[i] != b[i]:
+            return i
+    return limit
+
+
+def wrong_task(answer: str, task: str, own_code: str | None) -> int | None:
+    """Offset where a non-recall answer gives the memo's own code (a candidate fluke, not a leak)."""
+    if task == "recall" or not own_code:
+        return None
+    recall = check_recall(answer, own_code)
+    return recall.offset if recall.status != "missing" else None
+
+
+@dataclass(frozen=True)
+class Determinism:
+    kind: str                   # "identical" | "cache_path_divergence" | "kernel_nondeterminism"
+    hit_vs_cold: int | None
+    hit_vs_hit: int | None
+    cold_vs_cold: int | None
+    short_control: int | None   # first divergence among the short-memo runs, None if identical
+
+
+def classify_determinism(cold: str, hits: list[str], cold_again: str, short_runs: list[str]) -> Determinism:
+    """hit != cold while hit == hit and cold == cold: the cache path diverges (red).
+    hit != hit or cold != cold: the kernel is nondeterministic (informational)."""
+    hit_vs_cold = first_divergence(cold, hits[0]) if hits else None
+    hit_vs_hit = None
+    for other in hits[1:]:
+        hit_vs_hit = first_divergence(hits[0], other)
+        if hit_vs_hit is not None:
+            break
+    cold_vs_cold = first_divergence(cold, cold_again)
+    short = None
+    for other in short_runs[1:]:
+        short = first_divergence(short_runs[0], other)
+        if short is not None:
+            break
+    if hit_vs_hit is None and cold_vs_cold is None:
+        kind = "identical" if hit_vs_cold is None else "cache_path_divergence"
+    else:
+        kind = "kernel_nondeterminism"
+    return Determinism(kind, hit_vs_cold, hit_vs_hit, cold_vs_cold, short)

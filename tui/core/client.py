@@ -1,0 +1,236 @@
+"""Streaming OpenAI-compatible client with per-dialect cache reporting.
+
+Time to first token is stamped with perf_counter_ns when the bytes arrive, before any
+parsing: the client must never add its own latency to what it measures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import httpx
+
+from .errors import ServerProblem
+
+DIALECTS = ("vllm", "llamacpp", "sglang", "openai")
+API_KEY_ENV = "HITPROOF_API_KEY"
+
+
+@dataclass
+class RequestSpec:
+    api: str                                  # "completions" | "chat"
+    max_tokens: int
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    temperature: float = 0.0
+    seed: int | None = None
+    salt: str | None = None                   # a fresh salt forces a cold request
+    stop: list[str] | None = None
+    model: str = ""
+
+    def prompt_chars(self) -> int:
+        if self.prompt is not None:
+            return len(self.prompt)
+        return sum(len(m.get("content", "")) for m in self.messages or [])
+
+
+@dataclass
+class Completion:
+    text: str = ""
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None          # None: the server did not say (unknown, not zero)
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    ttft_s: float | None = None               # request sent -> first bytes carrying text
+    first_byte_s: float | None = None
+    total_s: float = 0.0
+    chunks: int = 0
+    raw_usage: dict[str, Any] = field(default_factory=dict)
+
+
+class StreamError(ServerProblem):
+    """A broken stream: malformed chunk, error event, or a connection cut mid-answer."""
+
+
+def _cached_tokens(usage: dict | None, timings: dict | None) -> int | None:
+    if usage:
+        details = usage.get("prompt_tokens_details") or {}
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            return int(details["cached_tokens"])
+    if timings and timings.get("cache_n") is not None:        # llama.cpp
+        return int(timings["cache_n"])
+    return None
+
+
+class OpenAIClient:
+    """One connection pool for the whole run; limits raised so the pool never throttles slots."""
+
+    def __init__(self, base_url: str, *, dialect: str = "vllm", timeout: float = 600.0,
+                 api_key_env: str = API_KEY_ENV, max_connections: int = 1024):
+        self.base_url = base_url.rstrip("/")
+        self.dialect = dialect
+        key = os.environ.get(api_key_env) or os.environ.get("OPENAI_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # --- plain endpoints -----------------------------------------------------------
+
+    async def get(self, path: str, timeout: float = 10.0) -> httpx.Response:
+        try:
+            return await self._http.get(path, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise ServerProblem(f"cannot reach {self.base_url}{path}: {_describe(exc)}") from None
+
+    async def get_json(self, path: str) -> Any | None:
+        """JSON body of a GET, or None when the endpoint is absent or not JSON."""
+        response = await self.get(path)
+        if response.status_code != 200:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            return None
+
+    async def tokenize(self, text: str, model: str) -> int | None:
+        """Prompt token count with the server's tokenizer (vLLM and llama.cpp schemas); None if absent."""
+        attempts = [{"model": model, "prompt": text}, {"content": text, "add_special": True}]
+        if self.dialect == "llamacpp":
+            attempts.reverse()
+        for body in attempts:
+            try:
+                response = await self._http.post("/tokenize", json=body, timeout=60.0)
+            except httpx.HTTPError as exc:
+                raise ServerProblem(f"cannot reach {self.base_url}/tokenize: {_describe(exc)}") from None
+            if response.status_code == 200:
+                data = response.json()
+                if isinstance(data.get("count"), int):
+                    return data["count"]
+                if isinstance(data.get("tokens"), list):
+                    return len(data["tokens"])
+        return None
+
+    # --- generation ------------------------------------------------------------------
+
+    def body(self, spec: RequestSpec) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": spec.model,
+            "max_tokens": spec.max_tokens,
+            "temperature": spec.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if spec.api == "chat":
+            body["messages"] = spec.messages
+        else:
+            body["prompt"] = spec.prompt
+        if spec.seed is not None:
+            body["seed"] = spec.seed
+        if spec.stop:
+            body["stop"] = spec.stop
+        if spec.salt is not None:
+            if self.dialect == "llamacpp":
+                body["cache_prompt"] = False      # llama.cpp has no salt: refuse reuse instead
+            else:
+                body["cache_salt"] = spec.salt
+        return body
+
+    async def stream(self, spec: RequestSpec, on_text: Callable[[str], None] | None = None) -> Completion:
+        path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
+        result = Completion()
+        chat = spec.api == "chat"
+        started = time.perf_counter_ns()
+        buffer = b""
+        try:
+            async with self._http.stream("POST", path, json=self.body(spec)) as response:
+                if response.status_code >= 400:
+                    detail = (await response.aread()).decode("utf-8", "replace")
+                    raise ServerProblem(f"HTTP {response.status_code} from {path}: {_error_text(detail)}")
+                async for raw in response.aiter_raw():
+                    arrived = time.perf_counter_ns()          # stamped before parsing
+                    if result.first_byte_s is None:
+                        result.first_byte_s = (arrived - started) / 1e9
+                    buffer += raw
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if not line.startswith(b"data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            continue
+                        text = self._absorb(payload, result, chat)
+                        if text:
+                            if result.ttft_s is None:
+                                result.ttft_s = (arrived - started) / 1e9
+                            result.text += text
+                            if on_text is not None:
+                                on_text(text)
+        except httpx.HTTPError as exc:
+            raise StreamError(f"stream from {path} broke: {_describe(exc)}") from None
+        if buffer.strip().startswith(b"data:") and buffer.strip()[5:].strip() != b"[DONE]":
+            self._absorb(buffer.strip()[5:].strip(), result, chat)
+        result.total_s = (time.perf_counter_ns() - started) / 1e9
+        if result.finish_reason is None and result.chunks == 0:
+            raise StreamError(f"stream from {path} ended without any chunk")
+        return result
+
+    @staticmethod
+    def _absorb(payload: bytes, result: Completion, chat: bool) -> str:
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            raise StreamError(f"malformed stream chunk: {payload[:80].decode('utf-8', 'replace')!r}") from None
+        if not isinstance(chunk, dict):
+            raise StreamError(f"malformed stream chunk: {payload[:80].decode('utf-8', 'replace')!r}")
+        if "error" in chunk:
+            raise StreamError(f"server error in stream: {_error_text(json.dumps(chunk['error']))}")
+        result.chunks += 1
+        usage = chunk.get("usage")
+        timings = chunk.get("timings")
+        if usage or timings:
+            cached = _cached_tokens(usage, timings)
+            if cached is not None:
+                result.cached_tokens = cached
+            if usage:
+                result.raw_usage = usage
+                result.prompt_tokens = usage.get("prompt_tokens", result.prompt_tokens)
+                result.completion_tokens = usage.get("completion_tokens", result.completion_tokens)
+            if timings and result.prompt_tokens is None and timings.get("prompt_n") is not None:
+                result.prompt_tokens = int(timings["prompt_n"]) + int(timings.get("cache_n") or 0)
+        text = ""
+        for choice in chunk.get("choices") or []:
+            if chat:
+                text += (choice.get("delta") or {}).get("content") or ""
+            else:
+                text += choice.get("text") or ""
+            if choice.get("finish_reason"):
+                result.finish_reason = choice["finish_reason"]
+        return text
+
+
+def _describe(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())[:200]
+
+
+def _error_text(body: str) -> str:
+    try:
+        data = json.loads(body)
+        if isinstance(data, dict):
+            error = data.get("error", data)
+            if isinstance(error, dict):
+                return str(error.get("message") or error)[:200]
+            return str(error)[:200]
+    except ValueError:
+        pass
+    return " ".join(body.split())[:200] or "(empty body)"

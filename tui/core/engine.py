@@ -1,0 +1,227 @@
+"""The soak engine: discovers the server, runs the phases, and speaks only through events."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import platform
+import random
+import secrets
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import __version__
+from .client import OpenAIClient
+from .errors import EXIT_INTERRUPTED, EXIT_SERVER, HitproofError, ServerProblem
+from .events import (Event, EventBus, Finding, MetricsSample, PhaseFinished, PhaseStarted, RunFinished,
+                     RunHeader, ServerInfo)
+from .evidence import CodeBook, Registry, new_nonce
+from .metrics import MetricSnapshot, block_size, compact, parse_metrics
+from .phases import PHASES
+from .requests import PhaseState, Requester
+from .scenario import Scenario
+from .tokens import TokenCounter
+from .verdicts import exit_code, run_verdict
+
+DEFAULT_GRID = 16
+
+
+@dataclass
+class Target:
+    """Where the soak points and how that server came to be (for the incident header)."""
+
+    url: str
+    engine: str | None = None            # "vllm" | "llamacpp" when hitproof launched it
+    dialect: str | None = None           # forced dialect; None: detect
+    launch_command: str | None = None
+    env_of_interest: dict[str, str] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+    exited: asyncio.Event | None = None  # set when a launched server process exits
+
+
+@dataclass
+class Outcome:
+    verdict: str
+    exit_code: int
+    message: str = ""
+
+
+class SoakEngine:
+    def __init__(self, scenario: Scenario, target: Target, bus: EventBus, *, argv: list[str] | None = None,
+                 metrics_interval: float = 1.0):
+        self.scenario = scenario
+        self.target = target
+        self.bus = bus
+        self.argv = argv or sys.argv
+        self.metrics_interval = metrics_interval
+        self.nonce = new_nonce()
+        self.rng = random.Random(scenario.seed)
+        self.registry = Registry()
+        self.codes = CodeBook(self.rng)
+        self.client = OpenAIClient(target.url, dialect=target.dialect or "vllm",
+                                   timeout=scenario.request_timeout)
+        self.metrics_available = False
+        self.phase_states: list[PhaseState] = []
+
+    def emit(self, event: Event) -> Event:
+        return self.bus.emit(event)
+
+    # --- the run ------------------------------------------------------------------------
+
+    async def run(self) -> Outcome:
+        self.emit(self._header())
+        try:
+            work = asyncio.create_task(self._run_phases(), name="soak")
+            watchers = [work]
+            if self.target.exited is not None:
+                watchers.append(asyncio.create_task(self.target.exited.wait(), name="server-exit"))
+            done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+                raise ServerProblem("the server process exited during the soak")
+            for other in watchers[1:]:
+                other.cancel()
+            return work.result()
+        except ServerProblem as exc:
+            return self._abort("error", EXIT_SERVER, str(exc), finding=True)
+        except HitproofError as exc:
+            return self._abort("error", exc.exit_code, str(exc), finding=False)
+        except asyncio.CancelledError:
+            self._abort("interrupted", EXIT_INTERRUPTED, "interrupted by the user", finding=False)
+            raise
+        finally:
+            await self.client.aclose()
+
+    def _abort(self, verdict: str, code: int, message: str, *, finding: bool) -> Outcome:
+        phase = self.phase_states[-1].name if self.phase_states else ""
+        if finding:
+            self.emit(Finding(kind="server_error", severity="fail", phase=phase, detail=message))
+        if self.phase_states and not self.phase_states[-1].finished:
+            state = self.phase_states[-1]
+            state.finished = True
+            self.emit(PhaseFinished(phase=state.name, status="fail" if finding else "inconclusive",
+                                    reasons=[message], summary=state.summary()))
+        self.emit(RunFinished(verdict=verdict, exit_code=code, message=message))
+        return Outcome(verdict, code, message)
+
+    async def _run_phases(self) -> Outcome:
+        info = await self._discover()
+        counter = TokenCounter(
+            (lambda text: self.client.tokenize(text, info.model)) if info.tokenizer == "server" else None)
+        requester = Requester(self, counter, info)
+        sampler = asyncio.create_task(self._sample_metrics(), name="metrics") if self.metrics_available else None
+        try:
+            for index, name in enumerate(self.scenario.phases):
+                phase = PHASES[name]
+                state = PhaseState(name=name)
+                self.phase_states.append(state)
+                self.emit(PhaseStarted(phase=name, index=index, title=phase.TITLE,
+                                       **phase.plan(self.scenario)))
+                state.metrics_before = await self.scrape()
+                await phase.run(requester, state)
+                state.metrics_after = await self.scrape()
+                state.finished = True
+                status, reasons = state.status()
+                self.emit(PhaseFinished(phase=name, status=status, reasons=reasons, summary=state.summary()))
+        finally:
+            if sampler is not None:
+                sampler.cancel()
+                await asyncio.gather(sampler, return_exceptions=True)
+        statuses = [s.status()[0] for s in self.phase_states]
+        fails = sum(s.fail_findings for s in self.phase_states)
+        verdict = run_verdict(statuses, fails)
+        message = {"pass": "every phase passed", "fail": f"{fails} fail-class finding(s)",
+                   "inconclusive": "nothing failed, but some phase proved nothing"}[verdict]
+        self.emit(RunFinished(verdict=verdict, exit_code=exit_code(verdict), message=message))
+        return Outcome(verdict, exit_code(verdict), message)
+
+    # --- server discovery -----------------------------------------------------------------
+
+    async def _discover(self) -> ServerInfo:
+        models_body = await self.client.get_json("/v1/models")
+        if models_body is None:
+            raise ServerProblem(f"{self.target.url} answered but /v1/models is not an OpenAI model list")
+        models = [m.get("id", "") for m in models_body.get("data", []) if isinstance(m, dict)]
+        model = self.scenario.model or (models[0] if models else "")
+        version_body = await self.client.get_json("/version")
+        version = version_body.get("version") if isinstance(version_body, dict) else None
+        dialect = self.target.dialect or await self._detect_dialect(models_body, version_body)
+        self.client.dialect = dialect
+        snapshot = await self.scrape(record=False)
+        self.metrics_available = snapshot is not None and snapshot.error is None and bool(snapshot.values)
+        server_grid = block_size(snapshot)
+        if self.scenario.evidence.block_size:
+            grid, grid_source = self.scenario.evidence.block_size, "scenario"
+        elif server_grid:
+            grid, grid_source = server_grid, "server"
+        else:
+            grid, grid_source = DEFAULT_GRID, "default"
+        tokenizer = "server" if await self.client.tokenize("hitproof", model) is not None else "estimate"
+        facts = dict(self.target.facts)
+        if dialect == "llamacpp":
+            props = await self.client.get_json("/props")
+            if isinstance(props, dict):
+                facts["props"] = {k: props[k] for k in ("total_slots", "build_info", "model_path", "n_ctx")
+                                  if k in props}
+                version = version or props.get("build_info")
+        info = ServerInfo(
+            url=self.target.url, dialect=dialect, version=version, models=models, model=model,
+            cache_config=(snapshot.info.get("vllm:cache_config_info", {}) if snapshot else {}),
+            grid=grid, grid_source=grid_source, tokenizer=tokenizer, metrics_available=self.metrics_available,
+            salts="cache_prompt=false" if dialect == "llamacpp" else "cache_salt", facts=facts)
+        self.emit(info)
+        return info
+
+    async def _detect_dialect(self, models_body: dict, version_body: Any) -> str:
+        owners = {m.get("owned_by") for m in models_body.get("data", []) if isinstance(m, dict)}
+        if "llamacpp" in owners:
+            return "llamacpp"
+        if await self.client.get_json("/props") is not None:
+            return "llamacpp"
+        if "sglang" in owners or await self.client.get_json("/get_server_info") is not None:
+            return "sglang"
+        if isinstance(version_body, dict) and "version" in version_body:
+            return "vllm"
+        return "openai"
+
+    # --- metrics ------------------------------------------------------------------------
+
+    async def scrape(self, record: bool = True) -> MetricSnapshot | None:
+        try:
+            response = await self.client.get("/metrics")
+        except ServerProblem:
+            return None
+        if response.status_code != 200:
+            return None
+        snapshot = parse_metrics(response.text)
+        if record and snapshot.error is None and snapshot.values:
+            self.emit(MetricsSample(values=compact(snapshot)))
+        return snapshot
+
+    async def _sample_metrics(self) -> None:
+        while True:
+            await asyncio.sleep(self.metrics_interval)
+            await self.scrape()
+
+    # --- header ---------------------------------------------------------------------------
+
+    def _header(self) -> RunHeader:
+        s = self.scenario
+        return RunHeader(
+            run_id=f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}",
+            nonce=self.nonce,
+            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            tool={"name": "hitproof", "version": __version__, "python": platform.python_version(),
+                  "argv": list(self.argv)},
+            scenario={"name": s.name, "source": s.source,
+                      "sha256": hashlib.sha256(s.text.encode()).hexdigest() if s.text else None,
+                      "settings": s.to_dict(), "text": s.text},
+            target={"url": self.target.url, "engine": self.target.engine,
+                    "launch_command": self.target.launch_command,
+                    "env": self.target.env_of_interest,
+                    "sampling": {"temperature": s.sampling.temperature, "seed": s.sampling.seed},
+                    "cache_reuse_forced_off": False},
+        )

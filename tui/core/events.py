@@ -1,0 +1,229 @@
+"""The one event stream: typed events, the JSONL codec, and the bus that fans them out.
+
+The engine emits; the console, the recorder, the report and the app consume. Replay
+decodes the same JSONL back into the same types, so what replay shows is what live showed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Event:
+    type: ClassVar[str] = "event"
+    seq: int = 0
+    t: float = 0.0              # seconds since run start
+
+
+@dataclass
+class RunHeader(Event):
+    type: ClassVar[str] = "header"
+    schema: int = SCHEMA_VERSION
+    run_id: str = ""
+    nonce: str = ""
+    started_at: str = ""        # ISO 8601, UTC
+    tool: dict[str, Any] = field(default_factory=dict)       # name, version, python, argv
+    scenario: dict[str, Any] = field(default_factory=dict)   # name, source, sha256, settings, text
+    target: dict[str, Any] = field(default_factory=dict)     # url, engine, launch command, env of interest
+
+
+@dataclass
+class ServerInfo(Event):
+    type: ClassVar[str] = "server"
+    url: str = ""
+    dialect: str = ""
+    version: str | None = None
+    models: list[str] = field(default_factory=list)
+    model: str = ""
+    cache_config: dict[str, str] = field(default_factory=dict)
+    grid: int = 0
+    grid_source: str = ""       # "server" | "scenario" | "default"
+    tokenizer: str = ""         # "server" | "estimate"
+    metrics_available: bool = False
+    salts: str = ""             # how a cold request is forced: "cache_salt" | "cache_prompt=false"
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MemoPlanted(Event):
+    type: ClassVar[str] = "memo"
+    memo: str = ""
+    phase: str = ""
+    code: str | None = None
+    tokens: int = 0
+    sizing: str = ""
+    code_offset: int | None = None
+    code_tokens: list[int | None] = field(default_factory=list)
+    grid: int = 0
+    text: str = ""
+
+
+@dataclass
+class PhaseStarted(Event):
+    type: ClassVar[str] = "phase_start"
+    phase: str = ""
+    index: int = 0
+    title: str = ""
+    slots: int = 0
+    rounds: int = 0
+    planned_requests: int = 0
+
+
+@dataclass
+class RoundStarted(Event):
+    type: ClassVar[str] = "round"
+    phase: str = ""
+    round: int = 0
+    rounds: int = 0
+    assignment: dict[str, str] = field(default_factory=dict)   # slot -> memo id
+
+
+@dataclass
+class RequestStarted(Event):
+    type: ClassVar[str] = "request_start"
+    request: int = 0
+    phase: str = ""
+    slot: int | None = None
+    round: int | None = None
+    turn: int | None = None
+    memo: str | None = None
+    code: str | None = None
+    task: str = ""              # recall | summary | turn | determinism | continuation
+    arm: str = "main"           # main | control | isolation
+    of_request: int | None = None   # for control/isolation: the request it re-sends
+    salt: str | None = None
+    api: str = "completions"
+    expect: str = ""            # cold | hit | any
+    prompt_chars: int = 0
+    prompt_tail: str = ""       # the question, for the UI
+    max_tokens: int = 0
+
+
+@dataclass
+class AnswerDelta(Event):
+    type: ClassVar[str] = "delta"
+    request: int = 0
+    text: str = ""              # coalesced text since the previous delta
+
+
+@dataclass
+class RequestFinished(Event):
+    type: ClassVar[str] = "request_end"
+    request: int = 0
+    phase: str = ""
+    slot: int | None = None
+    round: int | None = None
+    text: str = ""
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    ttft: float | None = None
+    total: float = 0.0
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+    checks: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass
+class Finding(Event):
+    type: ClassVar[str] = "finding"
+    kind: str = ""
+    severity: str = "info"      # fail | warn | info
+    phase: str = ""
+    slot: int | None = None
+    round: int | None = None
+    request: int | None = None
+    offset: int | None = None
+    detail: str = ""
+    memo: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MetricsSample(Event):
+    type: ClassVar[str] = "metrics"
+    values: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ServerLog(Event):
+    type: ClassVar[str] = "server_log"
+    line: str = ""
+
+
+@dataclass
+class PhaseFinished(Event):
+    type: ClassVar[str] = "phase_end"
+    phase: str = ""
+    status: str = ""            # pass | fail | inconclusive
+    reasons: list[str] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunFinished(Event):
+    type: ClassVar[str] = "run_end"
+    verdict: str = ""           # pass | fail | inconclusive | error | interrupted
+    exit_code: int = 0
+    message: str = ""
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.type: cls for cls in (RunHeader, ServerInfo, MemoPlanted, PhaseStarted, RoundStarted,
+                              RequestStarted, AnswerDelta, RequestFinished, Finding, MetricsSample,
+                              ServerLog, PhaseFinished, RunFinished)
+}
+_FIELDS = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in EVENT_TYPES.items()}
+
+
+def encode(event: Event) -> str:
+    data = {"type": event.type}
+    data.update(dataclasses.asdict(event))
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+class DecodeError(ValueError):
+    pass
+
+
+def decode(line: str | bytes) -> Event:
+    try:
+        data = json.loads(line)
+    except ValueError as exc:
+        raise DecodeError(f"not JSON: {exc}") from None
+    if not isinstance(data, dict) or "type" not in data:
+        raise DecodeError("not an event object")
+    cls = EVENT_TYPES.get(data.pop("type"))
+    if cls is None:
+        return Event(seq=data.get("seq", 0), t=data.get("t", 0.0))   # unknown newer type: skip-able
+    known = _FIELDS[cls.type]
+    return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class EventBus:
+    """Stamps seq and t, then hands each event to every listener in subscription order."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._start = clock()
+        self._seq = 0
+        self._listeners: list[Callable[[Event], None]] = []
+        self.history_size = 0
+
+    def subscribe(self, listener: Callable[[Event], None]) -> None:
+        self._listeners.append(listener)
+
+    def emit(self, event: Event) -> Event:
+        self._seq += 1
+        event.seq = self._seq
+        event.t = round(self._clock() - self._start, 6)
+        for listener in self._listeners:
+            listener(event)
+        return event

@@ -1,0 +1,173 @@
+"""Planted evidence: run nonce, codes, the registry of who owns which code, memo text.
+
+The memo's wording is built for a small base model read completion-style: plain
+sections, one code sentence, no other four-digit numbers (so any four-digit group
+in an answer is attributable to exactly one registered code).
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from dataclasses import dataclass, field
+
+RECALL_QUESTION = "What is the reconciliation code in this memo?"
+RECALL_ANSWER_LEAD = "The reconciliation code is"
+SUMMARY_QUESTION = "Summarize section three of this memo in about 100 words."
+DETERMINISM_QUESTION = "Summarize this memo."
+
+
+def recall_suffix() -> str:
+    return f"\n\nQuestion: {RECALL_QUESTION}\nAnswer: {RECALL_ANSWER_LEAD}"
+
+
+def summary_suffix() -> str:
+    return f"\n\nQuestion: {SUMMARY_QUESTION}\nAnswer:"
+
+
+def determinism_suffix() -> str:
+    return f"\n\nQuestion: {DETERMINISM_QUESTION}\nAnswer:"
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(4)
+
+
+# --- codes -------------------------------------------------------------------------
+
+def _usable_group(group: int) -> bool:
+    text = f"{group:04d}"
+    if text[0] == "0" or 1900 <= group <= 2099:      # no leading zero, nothing that reads as a year
+        return False
+    if len(set(text)) < 3:                          # no 1111 / 1212-like groups a model might invent
+        return False
+    return True
+
+
+class CodeBook:
+    """Issues codes like 7395-2841-6620; no 4-digit group is ever used twice in a run."""
+
+    def __init__(self, rng: random.Random):
+        self._rng = rng
+        self._used: set[str] = set()
+
+    def new_code(self) -> str:
+        groups: list[str] = []
+        while len(groups) < 3:
+            value = self._rng.randrange(1000, 10000)
+            text = f"{value:04d}"
+            if _usable_group(value) and text not in self._used and text not in groups:
+                groups.append(text)
+        self._used.update(groups)
+        return "-".join(groups)
+
+
+@dataclass(frozen=True)
+class CodeOwner:
+    code: str
+    memo: str
+    phase: str
+    slot: int | None = None
+
+
+class Registry:
+    """Every code planted in the run and which memo owns it."""
+
+    def __init__(self) -> None:
+        self.owners: dict[str, CodeOwner] = {}
+
+    def register(self, owner: CodeOwner) -> None:
+        if owner.code in self.owners:
+            raise ValueError(f"code {owner.code} registered twice")
+        self.owners[owner.code] = owner
+
+    def codes(self) -> dict[str, str]:
+        """code -> memo id, the shape the pure checks take."""
+        return {code: owner.memo for code, owner in self.owners.items()}
+
+
+# --- memo text ---------------------------------------------------------------------
+
+_TEAMS = ["audit", "logistics", "treasury", "procurement", "payroll", "facilities", "compliance",
+          "inventory", "billing", "vendor", "customs", "archive", "field", "tax"]
+_PLACES = ["the north warehouse", "the harbour office", "the river depot", "the east annex",
+           "the main plant", "the hill branch", "the coastal yard", "the old mill", "the airport store",
+           "the market hall", "the south terminal", "the valley site"]
+_ITEMS = ["pallets", "invoices", "crates", "purchase orders", "delivery notes", "spare parts",
+          "fuel receipts", "freight bills", "sample kits", "service tickets", "timber loads",
+          "paper rolls", "cable drums", "seed bags"]
+_ADJ = ["overdue", "duplicated", "unsigned", "misfiled", "partial", "rerouted", "damaged",
+        "late", "unmatched", "provisional", "corrected", "pending"]
+_NAMES = ["Alma", "Bruno", "Chiara", "Dmitri", "Elif", "Farah", "Goran", "Hana", "Ivo", "Jonas",
+          "Keiko", "Lena", "Marek", "Nadia", "Oskar", "Priya", "Quentin", "Rosa", "Stefan", "Tomas"]
+_NUMBER_WORDS = ["two", "three", "four", "five", "six", "seven", "eight", "nine", "eleven", "twelve"]
+_TEMPLATES = [
+    "The {team} team at {place} counted {num} {adj} {items} and logged each one by hand.",
+    "{name} checked the {items} from {place} against the ledger and marked {num} of them as {adj}.",
+    "Because several {items} were {adj}, {name} asked the {team} team to hold the weekly report.",
+    "At {place}, the {adj} {items} were moved to a separate shelf until the {team} team signed them.",
+    "{name} noted that {num} {items} had arrived {adj} and that the carrier had not been told.",
+    "The {team} desk sent {num} {adj} {items} back to {place} with a short note from {name}.",
+    "A second count at {place} found the same {num} {adj} {items}, so the figure was kept.",
+    "{name} and the {team} team agreed to close the {items} file once {place} confirmed it.",
+]
+_ORDINALS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+             "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
+             "eighteen", "nineteen", "twenty"]
+
+
+class SentenceSource:
+    """An endless, deterministic stream of filler sentences for one memo."""
+
+    def __init__(self, seed: str):
+        self._rng = random.Random(seed)
+
+    def next(self) -> str:
+        r = self._rng
+        return r.choice(_TEMPLATES).format(
+            team=r.choice(_TEAMS), place=r.choice(_PLACES), items=r.choice(_ITEMS),
+            adj=r.choice(_ADJ), name=r.choice(_NAMES), num=r.choice(_NUMBER_WORDS))
+
+
+def code_sentence(code: str) -> str:
+    return f"The reconciliation code for this memo is {code}. Keep it verbatim."
+
+
+def memo_heading(memo_id: str, nonce: str) -> str:
+    # Memo id first: the first block of every memo is unique, so nothing starts warm.
+    return (f"Memo {memo_id}, run {nonce}. Internal reconciliation record, "
+            f"kept by the accounts office.\n")
+
+
+def section_heading(number: int) -> str:
+    return f"\nSection {number}. "
+
+
+@dataclass
+class MemoText:
+    """A memo assembled from sentences; the code sentence sits at `code_index`."""
+
+    memo_id: str
+    nonce: str
+    code: str | None
+    sentences: list[str] = field(default_factory=list)
+    code_index: int | None = None
+    sentences_per_section: int = 6
+
+    def render(self) -> str:
+        parts = [memo_heading(self.memo_id, self.nonce)]
+        for i, sentence in enumerate(self.sentences):
+            if i % self.sentences_per_section == 0:
+                parts.append(section_heading(i // self.sentences_per_section + 1))
+            else:
+                parts.append(" ")
+            parts.append(sentence)
+        return "".join(parts)
+
+    def render_until_code(self) -> tuple[str, str]:
+        """(text before the code, text through the end of the code)."""
+        full = self.render()
+        if self.code is None:
+            return full, full
+        at = full.index(self.code)
+        return full[:at], full[: at + len(self.code)]

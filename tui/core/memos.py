@@ -1,0 +1,88 @@
+"""Build memos of a stated token size with the code between the first and last alignment boundary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import BadInput
+from .evidence import MemoText, SentenceSource, code_sentence
+from .tokens import TokenCounter, estimate_tokens
+
+
+@dataclass(frozen=True)
+class Memo:
+    memo_id: str
+    code: str | None
+    text: str
+    tokens: int                 # measured (server) or estimated, see `sizing`
+    sizing: str                 # "server" | "estimate"
+    code_offset: int | None     # character offset of the code in `text`
+    code_token_start: int | None
+    code_token_end: int | None
+    grid: int                   # alignment block size in tokens used for placement
+
+    def header(self) -> dict:
+        return {"memo": self.memo_id, "code": self.code, "tokens": self.tokens, "sizing": self.sizing,
+                "code_offset": self.code_offset, "code_tokens": [self.code_token_start, self.code_token_end],
+                "grid": self.grid}
+
+
+async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: str | None,
+                     target_tokens: int, grid: int, code_position: float, seed: int) -> Memo:
+    source = SentenceSource(f"{seed}:{memo_id}")
+    memo = MemoText(memo_id=memo_id, nonce=nonce, code=code)
+    ratio = await counter.ratio(" ".join(SentenceSource("calibration").next() for _ in range(40)))
+
+    def add_tokens(tokens: float) -> None:
+        while tokens > 0:
+            sentence = source.next()
+            memo.sentences.append(sentence)
+            tokens -= (estimate_tokens(sentence) + 1) * ratio
+
+    add_tokens(target_tokens - estimate_tokens(memo.render()) * ratio)
+    if code is not None:
+        memo.code_index = max(1, min(len(memo.sentences) - 1, round(len(memo.sentences) * code_position)))
+        memo.sentences.insert(memo.code_index, code_sentence(code))
+
+    tolerance = max(8, target_tokens // 100)
+    measured = await counter.count(memo.render())
+    for _ in range(6):
+        if measured < target_tokens - tolerance:
+            add_tokens(target_tokens - measured)
+        elif measured > target_tokens + tolerance:
+            excess = measured - target_tokens
+            while excess > 0 and len(memo.sentences) > (memo.code_index or 0) + 2:
+                removed = memo.sentences.pop()
+                excess -= (estimate_tokens(removed) + 1) * ratio
+        else:
+            break
+        measured = await counter.count(memo.render())
+    text = memo.render()
+
+    start = end = offset = None
+    if code is not None:
+        before, through = memo.render_until_code()
+        offset = len(before)
+        start = await counter.count(before)
+        end = await counter.count(through)
+        last_boundary = (measured // grid) * grid
+        if start < grid or end > last_boundary:
+            raise BadInput(
+                f"memo of {target_tokens} tokens is too short for an alignment grid of {grid} tokens: "
+                f"the code (tokens {start}-{end}) must sit between the first boundary ({grid}) and the "
+                f"last ({last_boundary}); raise memo_tokens to at least {3 * grid}")
+    return Memo(memo_id=memo_id, code=code, text=text, tokens=measured, sizing=counter.source,
+                code_offset=offset, code_token_start=start, code_token_end=end, grid=grid)
+
+
+async def filler_text(counter: TokenCounter, *, seed: str, tokens: int) -> str:
+    """Plain sentences of about `tokens` tokens (conversation turns, longer suffixes)."""
+    source = SentenceSource(seed)
+    ratio = await counter.ratio(" ".join(SentenceSource("calibration").next() for _ in range(40)))
+    parts: list[str] = []
+    total = 0.0
+    while total < tokens:
+        sentence = source.next()
+        parts.append(sentence)
+        total += (estimate_tokens(sentence) + 1) * ratio
+    return " ".join(parts)

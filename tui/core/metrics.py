@@ -1,0 +1,104 @@
+"""Scrape /metrics with prometheus_client's parser; deltas where both ends are known.
+
+A metric the server does not expose is unknown (None), never zero.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# Names hitproof reads. Counters are summed across label sets (engines, models).
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+CACHE_CONFIG = "vllm:cache_config_info"
+LLAMA_PROMPT_TOKENS = "llamacpp:prompt_tokens_total"
+LLAMA_PREDICTED = "llamacpp:tokens_predicted_total"
+LLAMA_PROCESSING = "llamacpp:requests_processing"
+LLAMA_DEFERRED = "llamacpp:requests_deferred"
+
+COUNTERS = (PREFIX_QUERIES, PREFIX_HITS, PREEMPTIONS, SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED,
+            LLAMA_PROMPT_TOKENS, LLAMA_PREDICTED)
+
+
+@dataclass(frozen=True)
+class MetricSnapshot:
+    t: float
+    values: dict[str, float] = field(default_factory=dict)        # sample name -> sum over label sets
+    info: dict[str, dict[str, str]] = field(default_factory=dict)  # *_info metric -> labels
+    error: str | None = None
+
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+
+def parse_metrics(text: str, t: float | None = None) -> MetricSnapshot:
+    values: dict[str, float] = {}
+    info: dict[str, dict[str, str]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                name = sample.name
+                if name.endswith("_created"):
+                    continue
+                if name.endswith("_info") or family.type == "info":
+                    labels = dict(sample.labels)
+                    labels.pop("engine", None)
+                    info[name if name.endswith("_info") else name + "_info"] = labels
+                    continue
+                values[name] = values.get(name, 0.0) + float(sample.value)
+    except (ValueError, TypeError) as exc:
+        return MetricSnapshot(t=t if t is not None else time.monotonic(), error=f"unparsable /metrics: {exc}")
+    return MetricSnapshot(t=t if t is not None else time.monotonic(), values=values, info=info)
+
+
+def delta(before: MetricSnapshot | None, after: MetricSnapshot | None, name: str) -> float | None:
+    if before is None or after is None:
+        return None
+    a, b = before.get(name), after.get(name)
+    if a is None or b is None:
+        return None
+    return b - a
+
+
+def acceptance_length(before: MetricSnapshot | None, after: MetricSnapshot | None) -> float | None:
+    """1 + accepted / drafts over an interval; 1.00 means the drafter contributes nothing."""
+    drafts = delta(before, after, SPEC_DRAFTS)
+    accepted = delta(before, after, SPEC_ACCEPTED)
+    if drafts is None or accepted is None or drafts <= 0:
+        return None
+    return 1.0 + accepted / drafts
+
+
+def block_size(snapshot: MetricSnapshot | None) -> int | None:
+    """The alignment grid: mamba_block_size when the server aligns recurrent state, else block_size."""
+    if snapshot is None:
+        return None
+    labels = snapshot.info.get(CACHE_CONFIG)
+    if not labels:
+        return None
+    for key in ("mamba_block_size", "block_size"):
+        value = labels.get(key)
+        if key == "mamba_block_size" and labels.get("mamba_cache_mode") not in ("align",):
+            continue
+        try:
+            if value not in (None, "", "None"):
+                return int(value)
+        except ValueError:
+            continue
+    return None
+
+
+def compact(snapshot: MetricSnapshot) -> dict[str, float]:
+    """The values the event stream carries (what the UI and report need), known ones only."""
+    keep = COUNTERS + (RUNNING, WAITING, KV_USAGE, LLAMA_PROCESSING, LLAMA_DEFERRED)
+    return {name: snapshot.values[name] for name in keep if name in snapshot.values}

@@ -1,0 +1,13 @@
+"""One module per phase. Each has TITLE, plan(scenario) -> dict, and async run(requester, state)."""
+
+from . import cold_hit, control, conversation, determinism, long_prompt, rotation, shared_concurrency
+
+PHASES = {
+    "cold_hit": cold_hit,
+    "conversation": conversation,
+    "shared_concurrency": shared_concurrency,
+    "rotation": rotation,
+    "long_prompt": long_prompt,
+    "determinism": determinism,
+    "control": control,
+}

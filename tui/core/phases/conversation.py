@@ -1,0 +1,59 @@
+"""Phase 2: a conversation that grows on the shared memo; the last turn asks for the code.
+
+Each turn adds at least one alignment block of text, so cached tokens must rise turn over turn.
+"""
+
+from __future__ import annotations
+
+from ..evidence import RECALL_ANSWER_LEAD, RECALL_QUESTION
+
+TITLE = "conversation"
+
+
+def plan(scenario) -> dict:
+    return {"slots": 1, "rounds": scenario.conversation.turns + 1,
+            "planned_requests": scenario.conversation.turns + 1}
+
+
+def _question(turn: int) -> str:
+    return f"Which team does note {turn} mention first?"
+
+
+async def run(rq, state) -> None:
+    s = rq.scenario
+    memo, fresh = await rq.shared_memo(state)
+    turn_tokens = max(s.conversation.turn_tokens, rq.server.grid + 16)
+    chat = s.api == "chat"
+    transcript = f"{memo.text}\n"
+    messages: list[dict[str, str]] = []
+    previous_cached = None
+    for turn in range(1, s.conversation.turns + 2):
+        final = turn == s.conversation.turns + 1
+        if final:
+            user = f"{RECALL_QUESTION}" + (" Reply with the code only." if chat else "")
+        else:
+            note = await rq.filler(f"conversation-{turn}", turn_tokens)
+            user = f"Note {turn}: {note} {_question(turn)}"
+        if chat:
+            content = f"{memo.text}\n\n{user}" if turn == 1 else user
+            messages.append({"role": "user", "content": content})
+            spec = rq.spec(messages=list(messages), max_tokens=s.evidence.recall_max_tokens if final
+                           else s.evidence.turn_max_tokens)
+        else:
+            lead = f" {RECALL_ANSWER_LEAD}" if final else ""
+            transcript += f"\nUser: {user}\nAssistant:{lead}"
+            spec = rq.spec(prompt=transcript, stop=None if final else ["\nUser:"],
+                           max_tokens=s.evidence.recall_max_tokens if final else s.evidence.turn_max_tokens)
+        record = await rq.send(state, spec, task="recall" if final else "turn", memo=memo, round=turn - 1,
+                               turn=turn, expect="cold" if (fresh and turn == 1) else "hit")
+        if chat:
+            messages.append({"role": "assistant", "content": record.text})
+        else:
+            transcript += record.text.rstrip("\n") if not final else record.text
+        if previous_cached is not None and record.cached is not None and record.cached <= previous_cached:
+            state.mark_inconclusive(f"cached tokens did not rise at turn {turn} "
+                                    f"({previous_cached} -> {record.cached})")
+            rq.finding(state, "no_hits", "warn", record,
+                       detail=f"turn {turn}: cached tokens did not rise ({previous_cached} -> {record.cached})")
+        previous_cached = record.cached
+    state.extra["cached_by_turn"] = [r.cached for r in state.records]

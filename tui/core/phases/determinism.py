@@ -1,0 +1,61 @@
+"""Phase 6: greedy summaries cold, hit, hit, and cold again under a fresh salt; plus a short control.
+
+hit != cold while hit == hit and cold == cold is the cache path diverging (red); hit != hit or
+cold != cold is kernel nondeterminism (informational). The short memo, always cold under
+fresh salts, shows whether the kernel is deterministic without any cache involved.
+"""
+
+from __future__ import annotations
+
+from ..checks import classify_determinism
+
+TITLE = "determinism"
+
+
+def plan(scenario) -> dict:
+    return {"slots": 1, "rounds": 1, "planned_requests": 4 + scenario.determinism.short_runs}
+
+
+async def run(rq, state) -> None:
+    d = rq.scenario.determinism
+    memo = getattr(rq, "long_memo", None) or await rq.memo(state, tokens=rq.scenario.evidence.memo_tokens,
+                                                           tag="det")
+    salt = rq.fresh_salt()
+    judges = ("foreign",)
+
+    def spec(salt_: str):
+        return rq.question(memo.text, "determinism", max_tokens=d.max_tokens, salt=salt_)
+
+    cold = await rq.send(state, spec(salt), task="determinism", memo=memo, expect="cold", judges=judges)
+    hits = [await rq.send(state, spec(salt), task="determinism", memo=memo, expect="hit", judges=judges)
+            for _ in range(2)]
+    cold_again = await rq.send(state, spec(rq.fresh_salt()), task="determinism", memo=memo, expect="cold",
+                               judges=judges)
+    short = await rq.memo(state, tokens=d.short_memo_tokens, with_code=False, tag="short")
+    short_runs = [await rq.send(state, rq.question(short.text, "determinism", max_tokens=d.max_tokens,
+                                                   salt=rq.fresh_salt()),
+                                task="determinism", memo=short, expect="cold", judges=judges)
+                  for _ in range(d.short_runs)]
+    if not all(h.hit for h in hits):
+        state.mark_inconclusive("the determinism hits got no cache hit")
+        rq.finding(state, "no_hits", "warn", hits[0], detail="determinism: a repeat under the same salt "
+                   "reported 0 cached tokens")
+        return
+    verdict = classify_determinism(cold.text, [h.text for h in hits], cold_again.text, [r.text for r in short_runs])
+    state.extra["determinism"] = {"kind": verdict.kind, "hit_vs_cold": verdict.hit_vs_cold,
+                                  "hit_vs_hit": verdict.hit_vs_hit, "cold_vs_cold": verdict.cold_vs_cold,
+                                  "short_control": verdict.short_control}
+    offsets = (f"hit vs cold at {verdict.hit_vs_cold}, hit vs hit at {verdict.hit_vs_hit}, "
+               f"cold vs cold at {verdict.cold_vs_cold}, short control at {verdict.short_control}")
+    if verdict.kind == "cache_path_divergence":
+        rq.finding(state, "cache_path_divergence", "fail", hits[0], offset=verdict.hit_vs_cold,
+                   detail=f"greedy output on a hit differs from cold at character {verdict.hit_vs_cold} while "
+                          f"hits agree with each other and colds with each other ({offsets})",
+                   cold_request=cold.request, cold_again_request=cold_again.request)
+    elif verdict.kind == "kernel_nondeterminism":
+        offset = verdict.hit_vs_hit if verdict.hit_vs_hit is not None else verdict.cold_vs_cold
+        rq.finding(state, "kernel_nondeterminism", "info", hits[0], offset=offset,
+                   detail=f"outputs vary without the cache being involved ({offsets})")
+    if verdict.short_control is not None:
+        rq.finding(state, "kernel_nondeterminism", "info", short_runs[0], offset=verdict.short_control,
+                   detail=f"the short memo, always cold, varies at character {verdict.short_control}")

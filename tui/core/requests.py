@@ -1,0 +1,350 @@
+"""Sending one request and judging it: checks, findings, and the cold control arm.
+
+A fail-class finding needs the hit path wrong where the cold path of the same request is
+right; the cold path is learned by re-sending the request under a fresh salt. A foreign
+code needs no control: no cold path can produce a code the request never saw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+from . import checks
+from .client import Completion, RequestSpec
+from .events import (AnswerDelta, Finding, MemoPlanted, RequestFinished, RequestStarted, RoundStarted,
+                     ServerInfo)
+from .evidence import (DETERMINISM_QUESTION, RECALL_QUESTION, SUMMARY_QUESTION, CodeOwner, determinism_suffix,
+                       recall_suffix, summary_suffix)
+from .memos import Memo, build_memo, filler_text
+from .metrics import PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, MetricSnapshot, delta
+from .tokens import TokenCounter
+
+if TYPE_CHECKING:
+    from .engine import SoakEngine
+
+DELTA_INTERVAL = 0.1          # seconds between coalesced answer deltas per request
+ALL_JUDGES = ("foreign", "recall", "empty", "repetition", "wrong_task")
+
+
+@dataclass
+class Record:
+    request: int
+    phase: str
+    task: str
+    spec: RequestSpec
+    memo: Memo | None
+    slot: int | None
+    round: int | None
+    turn: int | None
+    completion: Completion
+    checks: dict[str, Any]
+
+    @property
+    def text(self) -> str:
+        return self.completion.text
+
+    @property
+    def cached(self) -> int | None:
+        return self.completion.cached_tokens
+
+    @property
+    def hit(self) -> bool:
+        return bool(self.completion.cached_tokens)
+
+
+@dataclass
+class PhaseState:
+    name: str
+    records: list[Record] = field(default_factory=list)       # main arm only
+    controls: list[Record] = field(default_factory=list)
+    inconclusive: list[str] = field(default_factory=list)
+    findings: dict[str, int] = field(default_factory=lambda: {"fail": 0, "warn": 0, "info": 0})
+    expected_hits: int = 0
+    cold_failures: int = 0
+    model_failures: int = 0
+    hits_required: bool = True
+    metrics_before: MetricSnapshot | None = None
+    metrics_after: MetricSnapshot | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    finished: bool = False
+
+    @property
+    def fail_findings(self) -> int:
+        return self.findings["fail"]
+
+    def mark_inconclusive(self, reason: str) -> None:
+        if reason not in self.inconclusive:
+            self.inconclusive.append(reason)
+
+    def hits(self) -> list[Record]:
+        return [r for r in self.records if r.hit]
+
+    def status(self) -> tuple[str, list[str]]:
+        reasons = list(self.inconclusive)
+        if self.hits_required and self.records and not self.hits() and \
+                not any(r.cached is None for r in self.records):
+            reasons.append("no request got a cache hit")
+        if self.fail_findings:
+            return "fail", reasons
+        return ("inconclusive", reasons) if reasons else ("pass", [])
+
+    def summary(self) -> dict[str, Any]:
+        every = self.records + self.controls
+        cold = [r.completion.ttft_s for r in self.records if r.cached == 0 and r.completion.ttft_s]
+        warm = [r.completion.ttft_s for r in self.records if r.hit and r.completion.ttft_s]
+        reported = [r.cached for r in every]
+        reported_sum = sum(reported) if reported and None not in reported else None
+        metric_hits = delta(self.metrics_before, self.metrics_after, PREFIX_HITS)
+        summary = {
+            "requests": len(self.records),
+            "control_requests": len(self.controls),
+            "hits": len(self.hits()),
+            "expected_hits": self.expected_hits,
+            "cached_tokens": sum(r.cached or 0 for r in self.records),
+            "prompt_tokens": sum(r.completion.prompt_tokens or 0 for r in self.records),
+            "ttft_cold_ms": _ms(statistics.median(cold)) if cold else None,
+            "ttft_hit_ms": _ms(statistics.median(warm)) if warm else None,
+            "cold_failures": self.cold_failures,
+            "model_failures": self.model_failures,
+            "findings": dict(self.findings),
+            "metrics": {
+                "prefix_cache_queries": delta(self.metrics_before, self.metrics_after, PREFIX_QUERIES),
+                "prefix_cache_hits": metric_hits,
+                "preemptions": delta(self.metrics_before, self.metrics_after, PREEMPTIONS),
+            },
+            "reported_cached_tokens": reported_sum,
+            "hits_agree": (None if metric_hits is None or reported_sum is None
+                           else int(metric_hits) == reported_sum),
+        }
+        summary.update(self.extra)
+        return summary
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+class Requester:
+    """What phases use: make memos, send requests, judge them. It owns request numbering."""
+
+    def __init__(self, engine: SoakEngine, counter: TokenCounter, server: ServerInfo):
+        self.engine = engine
+        self.counter = counter
+        self.server = server
+        self.scenario = engine.scenario
+        self._next_request = 0
+        self._next_memo = 0
+        self._next_salt = 0
+        self._shared: Memo | None = None
+        self.long_memo: Memo | None = None
+        # llama.cpp matches prompts token by token: a fresh memo still shares the first few
+        # tokens ("<bos>Memo") with whatever its slot held, so "cold" allows those.
+        self.cold_tolerance = 8 if server.dialect == "llamacpp" else 0
+
+    # --- evidence --------------------------------------------------------------------------
+
+    def fresh_salt(self) -> str:
+        self._next_salt += 1
+        return f"hp-{self.engine.nonce}-{self._next_salt}"
+
+    async def memo(self, state: PhaseState, *, tokens: int, with_code: bool = True, slot: int | None = None,
+                   tag: str = "") -> Memo:
+        self._next_memo += 1
+        memo_id = f"m{self._next_memo:02d}{('-' + tag) if tag else ''}"
+        code = self.engine.codes.new_code() if with_code else None
+        memo = await build_memo(self.counter, memo_id=memo_id, nonce=self.engine.nonce, code=code,
+                                target_tokens=tokens, grid=self.server.grid,
+                                code_position=self.scenario.evidence.code_position, seed=self.scenario.seed)
+        if code:
+            self.engine.registry.register(CodeOwner(code=code, memo=memo_id, phase=state.name, slot=slot))
+        self.engine.emit(MemoPlanted(memo=memo_id, phase=state.name, code=code, tokens=memo.tokens,
+                                     sizing=memo.sizing, code_offset=memo.code_offset,
+                                     code_tokens=[memo.code_token_start, memo.code_token_end],
+                                     grid=memo.grid, text=memo.text))
+        return memo
+
+    async def filler(self, seed: str, tokens: int) -> str:
+        return await filler_text(self.counter, seed=f"{self.scenario.seed}:{self.engine.nonce}:{seed}",
+                                 tokens=tokens)
+
+    def round(self, state: PhaseState, round_: int, rounds: int, assignment: dict[str, str]) -> None:
+        self.engine.emit(RoundStarted(phase=state.name, round=round_, rounds=rounds, assignment=assignment))
+
+    async def shared_memo(self, state: PhaseState) -> tuple[Memo, bool]:
+        """The memo phases 1-3 share; (memo, True) the first time it is made (it is cold then)."""
+        if self._shared is not None:
+            return self._shared, False
+        self._shared = await self.memo(state, tokens=self.scenario.evidence.memo_tokens, tag="shared")
+        return self._shared, True
+
+    def question(self, context: str, kind: str, *, max_tokens: int | None = None,
+                 salt: str | None = None) -> RequestSpec:
+        """A question about `context`: completion-style for base models, one user turn for chat."""
+        e = self.scenario.evidence
+        suffix, chat_question, default_max = {
+            "recall": (recall_suffix(), f"{RECALL_QUESTION} Reply with the code only.", e.recall_max_tokens),
+            "summary": (summary_suffix(), SUMMARY_QUESTION, e.summary_max_tokens),
+            "determinism": (determinism_suffix(), DETERMINISM_QUESTION, e.summary_max_tokens),
+        }[kind]
+        max_tokens = max_tokens or default_max
+        if self.scenario.api == "chat":
+            return self.spec(messages=[{"role": "user", "content": f"{context}\n\n{chat_question}"}],
+                             max_tokens=max_tokens, salt=salt)
+        return self.spec(prompt=context + suffix, max_tokens=max_tokens, salt=salt)
+
+    def spec(self, *, prompt: str | None = None, messages: list | None = None, max_tokens: int,
+             salt: str | None = None, stop: list[str] | None = None) -> RequestSpec:
+        s = self.scenario
+        return RequestSpec(api="chat" if messages is not None else "completions", prompt=prompt,
+                           messages=messages, max_tokens=max_tokens, temperature=s.sampling.temperature,
+                           seed=s.sampling.seed, salt=salt, stop=stop, model=self.server.model)
+
+    # --- sending -----------------------------------------------------------------------------
+
+    async def send(self, state: PhaseState, spec: RequestSpec, *, task: str, memo: Memo | None = None,
+                   slot: int | None = None, round: int | None = None, turn: int | None = None,
+                   expect: str = "any", arm: str = "main", of_request: int | None = None,
+                   judges: Iterable[str] = ALL_JUDGES) -> Record:
+        self._next_request += 1
+        index = self._next_request
+        emit = self.engine.emit
+        tail = (spec.prompt or (spec.messages or [{}])[-1].get("content", ""))[-160:]
+        emit(RequestStarted(request=index, phase=state.name, slot=slot, round=round, turn=turn,
+                            memo=memo.memo_id if memo else None, code=memo.code if memo else None,
+                            task=task, arm=arm, of_request=of_request, salt=spec.salt, api=spec.api,
+                            expect=expect, prompt_chars=spec.prompt_chars(), prompt_tail=tail,
+                            max_tokens=spec.max_tokens))
+        pending: list[str] = []
+        last = time.monotonic()
+
+        def on_text(text: str) -> None:
+            nonlocal last
+            pending.append(text)
+            now = time.monotonic()
+            if now - last >= DELTA_INTERVAL:
+                emit(AnswerDelta(request=index, text="".join(pending)))
+                pending.clear()
+                last = now
+
+        completion = await self.engine.client.stream(spec, on_text)
+        if pending:
+            emit(AnswerDelta(request=index, text="".join(pending)))
+        found = evaluate(completion.text, task, memo.code if memo else None, self.engine.registry.codes(),
+                         tuple(judges))
+        if memo is not None and completion.cached_tokens and self.server.grid_source == "server":
+            found["block_aligned"] = completion.cached_tokens % self.server.grid == 0
+        emit(RequestFinished(request=index, phase=state.name, slot=slot, round=round, text=completion.text,
+                             prompt_tokens=completion.prompt_tokens, cached_tokens=completion.cached_tokens,
+                             ttft=completion.ttft_s, total=completion.total_s,
+                             output_tokens=completion.completion_tokens,
+                             finish_reason=completion.finish_reason, checks=found))
+        record = Record(index, state.name, task, spec, memo, slot, round, turn, completion, found)
+        (state.records if arm == "main" else state.controls).append(record)
+        if arm == "main":
+            await self._judge(state, record, expect, tuple(judges))
+        return record
+
+    # --- judging -------------------------------------------------------------------------------
+
+    def finding(self, state: PhaseState, kind: str, severity: str, record: Record | None = None, *,
+                offset: int | None = None, detail: str = "", **evidence: Any) -> None:
+        state.findings[severity] += 1
+        self.engine.emit(Finding(
+            kind=kind, severity=severity, phase=state.name,
+            slot=record.slot if record else None, round=record.round if record else None,
+            request=record.request if record else None, offset=offset, detail=detail,
+            memo=record.memo.memo_id if record and record.memo else None, evidence=evidence))
+
+    async def _judge(self, state: PhaseState, record: Record, expect: str, judges: tuple[str, ...]) -> None:
+        c = record.checks
+        for foreign in c.get("foreign", []):
+            whole = foreign["groups"] >= 2
+            self.finding(state, "foreign_code", "fail" if whole else "warn", record, offset=foreign["offset"],
+                         detail=(f"answer carries {'code' if whole else 'one group of code'} {foreign['code']} "
+                                 f"owned by memo {foreign['owner']} at offset {foreign['offset']}"),
+                         code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"])
+        if c.get("wrong_task") is not None:
+            self.finding(state, "wrong_task", "warn", record, offset=c["wrong_task"],
+                         detail=f"a {record.task} request answered with its own code (a candidate fluke, not a leak)")
+        if expect == "cold" and record.cached is not None and record.cached > self.cold_tolerance:
+            state.mark_inconclusive(f"request {record.request} should be cold but had {record.cached} cached tokens")
+            self.finding(state, "cold_not_cold", "warn", record,
+                         detail=f"expected a cold request, got {record.cached} cached tokens")
+        if expect == "hit":
+            state.expected_hits += 1
+        problems = hit_path_problems(c)
+        if not problems:
+            return
+        if record.cached is not None and record.cached <= self.cold_tolerance:
+            state.cold_failures += 1
+            if expect == "cold":
+                state.mark_inconclusive(f"cold baseline failed on request {record.request} ({problems[0][0]})")
+            for kind, offset, detail in problems:
+                self.finding(state, kind, "info", record, offset=offset,
+                             detail=f"{detail}; on a cold request (no hit): the model, not the cache")
+            return
+        control = await self.send(state, dataclasses.replace(record.spec, salt=self.fresh_salt()),
+                                  task=record.task, memo=record.memo, slot=record.slot, round=record.round,
+                                  turn=record.turn, expect="cold", arm="control", of_request=record.request,
+                                  judges=judges)
+        control_problems = {kind for kind, _, _ in hit_path_problems(control.checks)}
+        control_cold = control.cached is None or control.cached <= self.cold_tolerance
+        for foreign in control.checks.get("foreign", []):
+            self.finding(state, "foreign_code", "fail", control, offset=foreign["offset"],
+                         detail=f"the cold control carries code {foreign['code']} of memo {foreign['owner']}",
+                         code=foreign["code"], owner=foreign["owner"])
+        for kind, offset, detail in problems:
+            if not control_cold:
+                self.finding(state, kind, "warn", record, offset=offset,
+                             detail=f"{detail}; no cold control possible (the salted re-send had "
+                                    f"{control.cached} cached tokens)", control_request=control.request)
+            elif kind in control_problems:
+                state.model_failures += 1
+                self.finding(state, kind, "info", record, offset=offset,
+                             detail=f"{detail}; the cold control (request {control.request}) fails the same "
+                                    f"way: the model, not the cache", control_request=control.request)
+            else:
+                self.finding(state, kind, "fail", record, offset=offset,
+                             detail=f"{detail} on a hit ({record.cached} cached tokens), while the cold "
+                                    f"control (request {control.request}) is right",
+                             control_request=control.request, cached_tokens=record.cached,
+                             control_text=control.text[:400])
+
+
+def evaluate(text: str, task: str, code: str | None, registry: dict[str, str],
+             judges: tuple[str, ...] = ALL_JUDGES) -> dict[str, Any]:
+    """All checks of one answer, as plain data for the event stream."""
+    found: dict[str, Any] = {}
+    if "foreign" in judges:
+        found["foreign"] = [dataclasses.asdict(f) for f in checks.find_foreign_codes(text, registry, code)]
+    if "recall" in judges and task == "recall" and code:
+        recall = checks.check_recall(text, code)
+        found["recall"] = {"status": recall.status, "offset": recall.offset, "matched": recall.matched}
+    if "empty" in judges:
+        found["empty"] = checks.is_empty(text)
+    if "repetition" in judges:
+        rep = checks.find_repetition(text)
+        found["repetition"] = dataclasses.asdict(rep) if rep else None
+    if "wrong_task" in judges:
+        found["wrong_task"] = checks.wrong_task(text, task, code)
+    return found
+
+
+def hit_path_problems(found: dict[str, Any]) -> list[tuple[str, int | None, str]]:
+    """(kind, offset, detail) for what a broken restore produces and a weak model also can."""
+    if found.get("empty"):
+        return [("empty_answer", 0, "empty answer")]     # an empty answer also misses the code: say it once
+    problems = []
+    recall = found.get("recall")
+    if recall and recall["status"] != "exact":
+        problems.append(("recall_miss", recall["offset"],
+                         f"code {recall['status']}" + (f" ({recall['matched']!r})" if recall["matched"] else "")))
+    rep = found.get("repetition")
+    if rep:
+        problems.append(("repetition", rep["offset"],
+                         f"collapsed into {rep['unit']!r} repeated {rep['count']} times"))
+    return problems

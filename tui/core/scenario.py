@@ -1,0 +1,283 @@
+"""Scenario files: TOML -> frozen dataclasses, with errors that name file, line and key."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import BadInput
+
+PHASE_NAMES = (
+    "cold_hit",
+    "conversation",
+    "shared_concurrency",
+    "rotation",
+    "long_prompt",
+    "determinism",
+    "control",
+)
+APIS = ("completions", "chat")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    memo_tokens: int = 1600          # size of the shared memo (phases 1-3)
+    block_size: int = 0              # 0: read the grid from the server; else override
+    code_position: float = 0.5       # where the code sits, as a fraction of the memo
+    recall_max_tokens: int = 24
+    summary_max_tokens: int = 100
+    turn_max_tokens: int = 32
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0
+    seed: int = 1234
+
+
+@dataclass(frozen=True)
+class ColdHit:
+    suffix_tokens: int = 300         # extra text appended for the "hit with a longer suffix" request
+
+
+@dataclass(frozen=True)
+class Conversation:
+    turns: int = 6                   # turns before the recall turn
+    turn_tokens: int = 160           # user text added per turn (at least one block is used)
+
+
+@dataclass(frozen=True)
+class SharedConcurrency:
+    streams: int = 4
+    rounds: int = 2
+    length_step_tokens: int = 60     # stream s appends s * step tokens: different lengths
+
+
+@dataclass(frozen=True)
+class Rotation:
+    slots: int = 4
+    rounds: int = 14
+    memo_tokens: int = 4500
+
+
+@dataclass(frozen=True)
+class LongPrompt:
+    memo_tokens: int = 11000
+
+
+@dataclass(frozen=True)
+class Determinism:
+    max_tokens: int = 120
+    short_memo_tokens: int = 1200
+    short_runs: int = 4
+
+
+@dataclass(frozen=True)
+class Control:
+    requests: int = 4
+    concurrency: int = 2
+
+
+@dataclass(frozen=True)
+class Isolation:
+    k: int = 4
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str = "default"
+    description: str = ""
+    api: str = "completions"
+    model: str = ""                  # empty: the first model the server lists
+    phases: tuple[str, ...] = PHASE_NAMES
+    seed: int = 7                    # seeds memo text and codes (the run nonce stays random)
+    request_timeout: float = 600.0
+    evidence: Evidence = field(default_factory=Evidence)
+    sampling: Sampling = field(default_factory=Sampling)
+    cold_hit: ColdHit = field(default_factory=ColdHit)
+    conversation: Conversation = field(default_factory=Conversation)
+    shared_concurrency: SharedConcurrency = field(default_factory=SharedConcurrency)
+    rotation: Rotation = field(default_factory=Rotation)
+    long_prompt: LongPrompt = field(default_factory=LongPrompt)
+    determinism: Determinism = field(default_factory=Determinism)
+    control: Control = field(default_factory=Control)
+    isolation: Isolation = field(default_factory=Isolation)
+    source: str = "<built-in>"       # file it came from
+    text: str = ""                   # the file's text, recorded in the log header
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("text")
+        return data
+
+
+# Sections of the TOML file and the dataclass each one fills.
+_SECTIONS: dict[str, type] = {
+    "evidence": Evidence,
+    "sampling": Sampling,
+    "isolation": Isolation,
+    "phases.cold_hit": ColdHit,
+    "phases.conversation": Conversation,
+    "phases.shared_concurrency": SharedConcurrency,
+    "phases.rotation": Rotation,
+    "phases.long_prompt": LongPrompt,
+    "phases.determinism": Determinism,
+    "phases.control": Control,
+}
+_TOP_KEYS = {"name", "description", "api", "model", "phases", "seed", "request_timeout"}
+_MINIMUMS = {
+    "memo_tokens": 64, "recall_max_tokens": 8, "summary_max_tokens": 1, "turn_max_tokens": 1,
+    "turns": 1, "turn_tokens": 8, "streams": 1, "rounds": 1, "slots": 2, "max_tokens": 1,
+    "short_memo_tokens": 32, "short_runs": 2, "requests": 1, "concurrency": 1, "k": 1,
+    "block_size": 0, "suffix_tokens": 1, "length_step_tokens": 0, "request_timeout": 1,
+}
+
+
+def locate(text: str, section: str, key: str | None) -> int:
+    """Line (1-based) where `key` is set inside `[section]`, or the section header; 0 if absent."""
+    current = ""
+    header_line = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        match = re.match(r"^\[\s*([^\[\]]+?)\s*\]", stripped)
+        if match:
+            current = match.group(1).replace(" ", "").replace('"', "")
+            if current == section:
+                header_line = number
+            continue
+        if current == section and key is not None:
+            if re.match(rf"^\"?{re.escape(key)}\"?\s*=", stripped):
+                return number
+    return header_line
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"{path}: scenario file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: cannot read scenario: {exc}") from None
+    return parse_scenario(text, str(path))
+
+
+def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        line = re.search(r"line (\d+)", message)
+        where = f"{source}:{line.group(1)}" if line else source
+        raise BadInput(f"{where}: invalid TOML: {message}") from None
+    return _build(data, text, source)
+
+
+def _fail(text: str, source: str, section: str, key: str | None, message: str) -> BadInput:
+    line = locate(text, section, key)
+    where = f"{source}:{line}" if line else source
+    dotted = ".".join(part for part in (section, key) if part)
+    return BadInput(f"{where}: {dotted}: {message}")
+
+
+def _build(data: dict, text: str, source: str) -> Scenario:
+    top = data.get("scenario", {})
+    if not isinstance(top, dict):
+        raise _fail(text, source, "", "scenario", "must be a table [scenario]")
+    for key in data:
+        if key not in ("scenario", "phases") and key not in _SECTIONS:
+            raise _fail(text, source, key, None, f"unknown section [{key}] (known: scenario, "
+                        + ", ".join(sorted(_SECTIONS)) + ")")
+    for key in top:
+        if key not in _TOP_KEYS:
+            raise _fail(text, source, "scenario", key,
+                        f"unknown key (known: {', '.join(sorted(_TOP_KEYS))})")
+    values: dict[str, Any] = {}
+    defaults = Scenario()
+    for key in _TOP_KEYS:
+        if key in top:
+            values[key] = _coerce(text, source, "scenario", key, top[key], getattr(defaults, key))
+    if "api" in values and values["api"] not in APIS:
+        raise _fail(text, source, "scenario", "api", f"must be one of {', '.join(APIS)}")
+    if "phases" in values:
+        seen = set()
+        for name in values["phases"]:
+            if name not in PHASE_NAMES:
+                raise _fail(text, source, "scenario", "phases",
+                            f"unknown phase {name!r} (known: {', '.join(PHASE_NAMES)})")
+            if name in seen:
+                raise _fail(text, source, "scenario", "phases", f"phase {name!r} listed twice")
+            seen.add(name)
+        if not values["phases"]:
+            raise _fail(text, source, "scenario", "phases", "lists no phase")
+        values["phases"] = tuple(values["phases"])
+    phases_table = data.get("phases", {})
+    if not isinstance(phases_table, dict):
+        raise _fail(text, source, "", "phases", "must be tables [phases.NAME]")
+    for name in phases_table:
+        if f"phases.{name}" not in _SECTIONS:
+            raise _fail(text, source, f"phases.{name}", None,
+                        f"unknown phase {name!r} (known: {', '.join(PHASE_NAMES)})")
+    for section, cls in _SECTIONS.items():
+        table = phases_table.get(section.split(".", 1)[1]) if section.startswith("phases.") \
+            else data.get(section)
+        attr = section.split(".")[-1]
+        values[attr] = _section(text, source, section, cls, table or {})
+    scenario = Scenario(**values, source=source, text=text)
+    _check_relations(scenario, text, source)
+    return scenario
+
+
+def _section(text: str, source: str, section: str, cls: type, table: Any):
+    if not isinstance(table, dict):
+        raise _fail(text, source, section, None, "must be a table")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    defaults = cls()
+    kwargs = {}
+    for key, value in table.items():
+        if key not in known:
+            raise _fail(text, source, section, key, f"unknown key (known: {', '.join(known)})")
+        kwargs[key] = _coerce(text, source, section, key, value, getattr(defaults, key))
+    return cls(**kwargs)
+
+
+def _coerce(text: str, source: str, section: str, key: str, value: Any, default: Any) -> Any:
+    kind = type(default)
+    if kind is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise _fail(text, source, section, key, "must be a list of strings")
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
+        raise _fail(text, source, section, key,
+                    f"must be {kind.__name__}, got {type(value).__name__} {value!r}")
+    minimum = _MINIMUMS.get(key)
+    if minimum is not None and value < minimum:
+        raise _fail(text, source, section, key, f"must be at least {minimum}, got {value}")
+    return value
+
+
+def _check_relations(s: Scenario, text: str, source: str) -> None:
+    if not 0.0 < s.evidence.code_position < 1.0:
+        raise _fail(text, source, "evidence", "code_position", "must be between 0 and 1 (exclusive)")
+    if s.sampling.temperature < 0:
+        raise _fail(text, source, "sampling", "temperature", "must be >= 0")
+    if s.rotation.slots > 256 or s.shared_concurrency.streams > 256:
+        raise _fail(text, source, "phases.rotation", "slots", "at most 256 concurrent slots")
+
+
+def resolve_scenario_path(name_or_path: str) -> Path:
+    """A path, or a bare name looked up in ./scenarios and the project's scenarios/ folder."""
+    candidate = Path(name_or_path)
+    if candidate.exists() or candidate.suffix == ".toml" or "/" in name_or_path:
+        return candidate
+    for folder in (Path.cwd() / "scenarios", Path(__file__).resolve().parents[2] / "scenarios"):
+        found = folder / f"{name_or_path}.toml"
+        if found.exists():
+            return found
+    return candidate

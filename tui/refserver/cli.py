@@ -1,0 +1,69 @@
+"""``hitproof refserver`` / ``python -m tui.refserver``: flags and the serve loop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from .config import RefServerConfig
+from .faults import FAULTS
+from .server import start_refserver
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    d = RefServerConfig()
+    parser.add_argument("--port", type=int, default=d.port, help="TCP port on 127.0.0.1 (0 = pick a free one)")
+    parser.add_argument("--fault", choices=FAULTS, default=d.fault,
+                        help="fault injected at the cache-restore step (see tui/refserver/README.md)")
+    parser.add_argument("--seed", type=int, default=d.seed, help="seed of the fault RNGs")
+    parser.add_argument("--block-size", type=int, default=d.block_size, help="tokens per cache block")
+    parser.add_argument("--num-blocks", type=int, default=d.num_blocks, help="LRU capacity in blocks")
+    parser.add_argument("--prefill-us-per-token", type=float, default=d.prefill_us_per_token,
+                        help="simulated prefill time per uncached prompt token (microseconds)")
+    parser.add_argument("--decode-ms-per-token", type=float, default=d.decode_ms_per_token,
+                        help="simulated time between output tokens (milliseconds)")
+    parser.add_argument("--model-name", default=d.model_name, help="model id served and used in metric labels")
+    parser.add_argument("--drift-min-tokens", type=int, default=d.drift_min_tokens,
+                        help="wording_drift engages on prompts longer than this many tokens")
+    parser.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens,
+                        help="> 0: pretend a drafter and export vllm:spec_decode_* counters")
+
+
+def _config(ns: argparse.Namespace) -> RefServerConfig:
+    return RefServerConfig(
+        port=ns.port, fault=ns.fault, seed=ns.seed, block_size=ns.block_size,
+        num_blocks=ns.num_blocks, prefill_us_per_token=ns.prefill_us_per_token,
+        decode_ms_per_token=ns.decode_ms_per_token, model_name=ns.model_name,
+        drift_min_tokens=getattr(ns, "drift_min_tokens", RefServerConfig.drift_min_tokens),
+        num_speculative_tokens=getattr(ns, "num_speculative_tokens", 0))
+
+
+async def serve(config: RefServerConfig) -> None:
+    handle = await start_refserver(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"refserver listening on {handle.url} (fault={config.fault}, seed={config.seed})", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await handle.close()
+
+
+def main(ns: argparse.Namespace) -> int:
+    try:
+        config = _config(ns)
+    except ValueError as exc:
+        print(f"refserver: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:
+        print(f"refserver: cannot listen on 127.0.0.1:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0

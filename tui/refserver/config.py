@@ -1,0 +1,47 @@
+"""Settings of one reference server (the CLI flags, as a validated dataclass)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from .faults import FAULTS
+
+VERSION = "refserver-0.1.0"
+
+
+@dataclass(frozen=True)
+class RefServerConfig:
+    port: int = 8100  # 0 = pick a free port
+    fault: str = "none"
+    seed: int = 0
+    block_size: int = 16
+    num_blocks: int = 4096
+    prefill_us_per_token: float = 20.0
+    decode_ms_per_token: float = 1.0
+    model_name: str = "refmodel"
+    drift_min_tokens: int = 1000  # wording_drift engages on prompts longer than this
+    num_speculative_tokens: int = 0  # > 0: pretend a drafter and export spec-decode counters
+    max_model_len: int = 32768
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"unknown fault {self.fault!r}; choose from {', '.join(FAULTS)}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError("port must be 0..65535")
+        if self.block_size < 1 or self.num_blocks < 1:
+            raise ValueError("block_size and num_blocks must be >= 1")
+        if self.prefill_us_per_token < 0 or self.decode_ms_per_token < 0:
+            raise ValueError("timings must be >= 0")
+        if self.num_speculative_tokens < 0:
+            raise ValueError("num_speculative_tokens must be >= 0")
+        if self.host not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError("the reference server only listens on loopback")
+
+    @classmethod
+    def from_options(cls, **options: object) -> "RefServerConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"unknown refserver option(s): {', '.join(unknown)}")
+        return cls(**options)  # type: ignore[arg-type]

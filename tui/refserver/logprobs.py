@@ -1,0 +1,53 @@
+"""Log-probabilities that are a pure function of the state, like a fingerprint.
+
+Position *i* of an answer gets numbers derived from ``H(state digest, i)``: a correct
+hit reproduces the cold request's values exactly, a restore of another state lands on
+different ones.  The generated piece is always the top-1 (decoding is greedy).  A kernel
+RNG (``wording_drift``) nudges each value by up to 0.002.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+from .model import VOCAB
+
+Entry = tuple[str, float, list[tuple[str, float]]]  # piece, logprob, top alternatives
+
+
+def compute(digest: bytes, pieces: list[str], k: int, jitter: random.Random | None) -> list[Entry]:
+    entries: list[Entry] = []
+    for i, piece in enumerate(pieces):
+        rng = random.Random(hashlib.blake2b(digest + i.to_bytes(4, "big"), digest_size=8).digest())
+        chosen = -rng.random() * 0.3
+        if jitter is not None:
+            chosen -= jitter.random() * 0.002
+        top = [(piece, round(chosen, 6))]
+        value = chosen
+        for word in rng.sample(VOCAB, k + 1):
+            if len(top) >= max(k, 1):
+                break
+            if " " + word != piece:
+                value -= 0.5 + rng.random()
+                top.append((" " + word, round(value, 6)))
+        entries.append((piece, round(chosen, 6), top))
+    return entries
+
+
+def completion_format(entries: list[Entry], offset: int) -> dict:
+    offsets, pos = [], offset
+    for piece, _, _ in entries:
+        offsets.append(pos)
+        pos += len(piece)
+    return {"text_offset": offsets,
+            "token_logprobs": [lp for _, lp, _ in entries],
+            "tokens": [p for p, _, _ in entries],
+            "top_logprobs": [dict(top) for _, _, top in entries]}
+
+
+def chat_format(entries: list[Entry]) -> dict:
+    def item(token: str, lp: float) -> dict:
+        return {"token": token, "logprob": lp, "bytes": list(token.encode("utf-8"))}
+    return {"content": [{**item(p, lp), "top_logprobs": [item(t, v) for t, v in top]}
+                        for p, lp, top in entries]}

@@ -1,0 +1,178 @@
+"""The aiohttp application: vLLM-shaped endpoints over one ``Engine``.
+
+Streaming sends nothing, not even headers, until prefill is over, so a client's time to
+first byte is the simulated time to first token: ``uncached tokens x
+prefill_us_per_token``.  Each further piece follows ``decode_ms_per_token`` later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from aiohttp import web
+
+from . import logprobs as lp
+from . import shapes
+from .config import VERSION
+from .engine import Admission, Engine, Outcome, PromptTooLong
+from .metrics import render
+from .protocol import BadRequest, Params, load_json, parse_chat, parse_completion, tokenize_request
+from .tokenizer import detokenize, tokenize
+
+ENGINE = web.AppKey("engine", Engine)
+STARTED = web.AppKey("started", int)
+
+
+def _error(message: str, status: int = 400, param: str | None = None) -> web.Response:
+    return web.json_response(shapes.error_body(message, status, param), status=status)
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": VERSION})
+
+
+async def models(request: web.Request) -> web.Response:
+    cfg = request.app[ENGINE].config
+    return web.json_response(shapes.models_body(cfg.model_name, request.app[STARTED], cfg.max_model_len))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=render(request.app[ENGINE]),
+                        content_type="text/plain", headers={"X-Prometheus-Format": "0.0.4"})
+
+
+async def tokenize_route(request: web.Request) -> web.Response:
+    try:
+        text, add_bos = tokenize_request(load_json(await request.read()))
+    except BadRequest as exc:
+        return _error(str(exc), param=exc.param)
+    ids = [t.id for t in tokenize(text, add_bos=add_bos)]
+    cfg = request.app[ENGINE].config
+    return web.json_response({"count": len(ids), "max_model_len": cfg.max_model_len, "tokens": ids})
+
+
+async def detokenize_route(request: web.Request) -> web.Response:
+    try:
+        body = load_json(await request.read())
+    except BadRequest as exc:
+        return _error(str(exc))
+    ids = body.get("tokens")
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        return _error("tokens must be a list of integers", param="tokens")
+    return web.json_response({"prompt": detokenize(ids), "content": detokenize(ids)})
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_completion)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_chat)
+
+
+async def _generate(request: web.Request, parse) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    try:
+        body = load_json(await request.read())
+        wanted = engine.config.model_name
+        if body.get("model") not in (None, wanted):
+            return _error(f"The model `{body.get('model')}` does not exist.", 404, "model")
+        params: Params = parse(body)
+        rid = ("chatcmpl-" if params.chat else "cmpl-") + uuid.uuid4().hex
+        adm = engine.admit(params.prompt_text, params.cache_salt, params.max_tokens, rid)
+    except (BadRequest, PromptTooLong) as exc:
+        return _error(str(exc), param=getattr(exc, "param", None))
+    engine.running += 1
+    tally = {"sent": 0, "finish": "abort"}
+    try:
+        await asyncio.sleep(engine.prefill_seconds(adm))
+        engine.commit(adm)
+        out = engine.outcome(adm, params.stop)
+        entries = None
+        if params.logprobs is not None:
+            jitter = engine.fault.jitter(adm.prompt_tokens)
+            entries = lp.compute(adm.digest, out.pieces, params.logprobs, jitter)
+        if params.stream:
+            return await _stream(request, engine, params, adm, out, entries, tally)
+        await asyncio.sleep(max(len(out.pieces) - 1, 0) * engine.config.decode_ms_per_token / 1000)
+        tally.update(sent=len(out.pieces), finish=out.finish_reason)
+        return web.json_response(_body(engine, params, adm, out, entries))
+    finally:
+        engine.running -= 1
+        engine.finish(adm, tally["sent"], tally["finish"])
+
+
+def _body(engine: Engine, params: Params, adm: Admission, out: Outcome, entries) -> dict:
+    use = shapes.usage(adm.prompt_tokens, len(out.pieces), adm.cached_tokens)
+    text = "".join(out.pieces)
+    model, created = engine.config.model_name, int(time.time())
+    if params.chat:
+        logprobs = lp.chat_format(entries) if entries is not None else None
+        return shapes.chat_body(adm.request_id, created, model, text, out.finish_reason,
+                                out.stop_reason, logprobs, use)
+    logprobs = lp.completion_format(entries, 0) if entries is not None else None
+    return shapes.completion_body(adm.request_id, created, model, text, out.finish_reason,
+                                  out.stop_reason, logprobs, use)
+
+
+async def _stream(request: web.Request, engine: Engine, params: Params, adm: Admission,
+                  out: Outcome, entries, tally: dict) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                       "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    rid, model, created = adm.request_id, engine.config.model_name, int(time.time())
+    decode = engine.config.decode_ms_per_token / 1000
+
+    def chunk(text: str, i: int | None, last: bool, offset: int) -> dict:
+        finish = out.finish_reason if last else None
+        stop = out.stop_reason if last else None
+        one = [entries[i]] if entries is not None and i is not None else None
+        if params.chat:
+            return shapes.chat_chunk(rid, created, model, {"content": text}, finish, stop,
+                                     lp.chat_format(one) if one else None)
+        return shapes.completion_chunk(rid, created, model, text, finish, stop,
+                                       lp.completion_format(one, offset) if one else None)
+
+    try:
+        if params.chat:
+            await resp.write(shapes.sse(shapes.chat_chunk(rid, created, model,
+                                                          {"role": "assistant", "content": ""})))
+        offset = 0
+        for i, piece in enumerate(out.pieces):
+            if i:
+                await asyncio.sleep(decode)
+            await resp.write(shapes.sse(chunk(piece, i, i == len(out.pieces) - 1, offset)))
+            offset += len(piece)
+            tally["sent"] = i + 1
+        if not out.pieces:
+            await resp.write(shapes.sse(chunk("", None, True, 0)))
+        tally["finish"] = out.finish_reason
+        if params.include_usage:
+            use = shapes.usage(adm.prompt_tokens, len(out.pieces), adm.cached_tokens)
+            await resp.write(shapes.sse(shapes.usage_chunk(rid, created, model, params.chat, use)))
+        await resp.write(shapes.DONE)
+        await resp.write_eof()
+    except ConnectionError:
+        pass
+    return resp
+
+
+def build_app(engine: Engine) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[ENGINE] = engine
+    app[STARTED] = int(time.time())
+    app.router.add_get("/health", health)
+    app.router.add_get("/version", version)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/tokenize", tokenize_route)
+    app.router.add_post("/detokenize", detokenize_route)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    return app

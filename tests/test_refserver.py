@@ -396,3 +396,32 @@ def test_python_dash_m_serves_and_stops_on_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_completion_prompt_as_token_ids_from_tokenize(client):
+    prompt = memo() + RECALL_Q
+    ids = (await client.post("/tokenize", json={"prompt": prompt})).json()["tokens"]
+    text, usage, _ = await complete(client, ids)
+    assert text == f" {CODE_A}." and usage["prompt_tokens"] == len(ids)
+
+
+def test_cli_flags_and_defaults():
+    import argparse
+
+    from tui.refserver.cli import configure, main
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    ns = parser.parse_args([])
+    assert (ns.port, ns.fault, ns.seed, ns.block_size, ns.num_blocks) == (8100, "none", 0, 16, 4096)
+    assert (ns.prefill_us_per_token, ns.decode_ms_per_token, ns.model_name) == (20.0, 1.0, "refmodel")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--fault", "melted"])
+    assert main(parser.parse_args(["--block-size", "0"])) == 2
+
+
+async def test_start_refserver_rejects_unknown_options():
+    with pytest.raises(TypeError):
+        await start_refserver(colour="blue")
+    with pytest.raises(ValueError):
+        await start_refserver(fault="melted")

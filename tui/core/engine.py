@@ -72,9 +72,9 @@ class SoakEngine:
 
     async def run(self) -> Outcome:
         self.emit(self._header())
+        work = asyncio.create_task(self._run_phases(), name="soak")
+        watchers = [work]
         try:
-            work = asyncio.create_task(self._run_phases(), name="soak")
-            watchers = [work]
             if self.target.exited is not None:
                 watchers.append(asyncio.create_task(self.target.exited.wait(), name="server-exit"))
             done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
@@ -90,6 +90,9 @@ class SoakEngine:
         except HitproofError as exc:
             return self._abort("error", exc.exit_code, str(exc), finding=False)
         except asyncio.CancelledError:
+            for task in watchers:
+                task.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
             self._abort("interrupted", EXIT_INTERRUPTED, "interrupted by the user", finding=False)
             raise
         finally:

@@ -30,7 +30,8 @@ def determinism_suffix() -> str:
 
 
 def new_nonce() -> str:
-    return secrets.token_hex(4)
+    # Letters only: the memo must hold no four-digit number other than its code.
+    return "".join(secrets.choice("abcdefghijkmnpqrstuvwxyz") for _ in range(8))
 
 
 # --- codes -------------------------------------------------------------------------

@@ -7,6 +7,7 @@ code needs no control: no cold path can produce a code the request never saw.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import statistics
 import time
@@ -313,6 +314,18 @@ class Requester:
                                     f"control (request {control.request}) is right",
                              control_request=control.request, cached_tokens=record.cached,
                              control_text=control.text[:400])
+
+
+async def concurrently(*coroutines):
+    """gather() that cancels the siblings when one fails, so no slot outlives the phase."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def evaluate(text: str, task: str, code: str | None, registry: dict[str, str],

@@ -66,7 +66,7 @@ def main() -> None:
     model.save_pretrained(out)
     patch_bos(out)
     verify(out)
-    say(f"wrote {out}")
+    say("conversion done")
 
 
 if __name__ == "__main__":

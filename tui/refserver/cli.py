@@ -63,6 +63,8 @@ def main(ns: argparse.Namespace) -> int:
         return 2
     try:
         asyncio.run(serve(config))
+    except KeyboardInterrupt:  # SIGINT before the handler was installed
+        return 0
     except OSError as exc:
         print(f"refserver: cannot listen on 127.0.0.1:{config.port}: {exc}", file=sys.stderr)
         return 1

@@ -9,7 +9,8 @@ project notes; see README.md for the table):
                    1,600 tokens while sounding entirely confident".  Recall answers come
                    back fluent and without the code.
 ``foreign_state``  on a hit, with probability 0.5 (seeded RNG), the restore returns the
-                   stored blocks of another cached sequence with different tokens: "a
+                   stored blocks of one of the 4 most recently stored other sequences
+                   (different tokens, another request): "a
                    request served from a state that belonged to another request".
                    Another memo's code comes back.  No other sequence: correct restore.
 ``repeat_token``   from the 3rd hit of the server's life on, the restored state is one
@@ -76,9 +77,10 @@ class ZeroState(Fault):
 class ForeignState(Fault):
     name = "foreign_state"
 
-    def __init__(self, seed: int, rate: float = 0.5) -> None:
+    def __init__(self, seed: int, rate: float = 0.5, recent: int = 4) -> None:
         self.rng = random.Random(f"foreign:{seed}")
         self.rate = rate
+        self.recent = recent  # choose among the newest few other sequences
 
     def restore(self, r: Restore) -> list[Token]:
         if self.rng.random() >= self.rate:
@@ -86,7 +88,9 @@ class ForeignState(Fault):
         k = len(r.blocks)
         own = [t.id for t in r.correct()]
         candidates: list[list[Token]] = []
-        for request_id, chain in r.cache.sequences():
+        for request_id, chain in reversed(list(r.cache.sequences())):
+            if len(candidates) == self.recent:
+                break
             if request_id == r.request_id or len(chain) < k:
                 continue
             states = [r.cache.peek(h) for h in chain[:k]]

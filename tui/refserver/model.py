@@ -120,10 +120,10 @@ def classify(question: str) -> str:
 
 
 def degenerate_word(state: Sequence[Token]) -> str | None:
-    prev, run = -1, 0
+    prev, run = None, 0
     for token in state:
-        run = run + 1 if token.id == prev else 1
-        prev = token.id
+        run = run + 1 if token == prev else 1
+        prev = token
         if run >= DEGENERATE_RUN and is_word(token):
             return token.text
     return None

@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .tokenizer import detokenize
+
 ROLES = {"system": "System", "developer": "System", "user": "User",
          "assistant": "Assistant", "tool": "Tool", "function": "Tool"}
 
@@ -90,6 +92,8 @@ def parse_completion(body: dict[str, Any]) -> Params:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
+    elif isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+        prompt = detokenize(prompt)  # ids from our own /tokenize map back to their text
     if not isinstance(prompt, str) or not prompt:
         raise BadRequest("prompt must be a non-empty string", "prompt")
     return _common(body, prompt, chat=False, default_max=16)

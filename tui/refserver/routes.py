@@ -43,8 +43,8 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(text=render(request.app[ENGINE]),
-                        content_type="text/plain", headers={"X-Prometheus-Format": "0.0.4"})
+    return web.Response(body=render(request.app[ENGINE]).encode("utf-8"),
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
 async def tokenize_route(request: web.Request) -> web.Response:

@@ -32,13 +32,13 @@ class RefServerHandle:
 async def start_refserver(config: RefServerConfig | None = None, **options: object) -> RefServerHandle:
     """Serve on 127.0.0.1 and return once listening.
 
-    Pass a ``RefServerConfig`` or its fields as keyword options (``port`` defaults to
-    8100 there; pass ``port=0`` for a free port): ``fault``, ``seed``, ``block_size``,
+    Pass a ``RefServerConfig`` or its fields as keyword options (``port`` defaults to 0
+    here, a free port; the CLI's default is 8100): ``fault``, ``seed``, ``block_size``,
     ``num_blocks``, ``prefill_us_per_token``, ``decode_ms_per_token``, ``model_name``,
     ``drift_min_tokens``, ``num_speculative_tokens``, ``max_model_len``.
     """
     if config is None:
-        config = RefServerConfig.from_options(**options)
+        config = RefServerConfig.from_options(**{"port": 0, **options})
     elif options:
         raise TypeError("pass either a RefServerConfig or keyword options, not both")
     engine = Engine(config)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
+from ..requests import concurrently
+
 TITLE = "control"
 
 
@@ -27,4 +29,4 @@ async def run(rq, state) -> None:
             return await rq.send(state, rq.question(memo.text, "recall", salt=rq.fresh_salt()), task="recall",
                                  memo=memo, slot=index % c.concurrency, expect="cold")
 
-    await asyncio.gather(*(one(i) for i in range(c.requests)))
+    await concurrently(*(one(i) for i in range(c.requests)))

@@ -6,7 +6,8 @@ code, so a code from another memo in an answer is unambiguous.
 
 from __future__ import annotations
 
-import asyncio
+from ..requests import concurrently
+
 
 TITLE = "rotation"
 
@@ -28,4 +29,4 @@ async def run(rq, state) -> None:
 
     for round_ in range(r.rounds):
         rq.round(state, round_, r.rounds, {str(s): memos[(s + round_) % r.slots].memo_id for s in range(r.slots)})
-        await asyncio.gather(*(one(slot, round_) for slot in range(r.slots)))
+        await concurrently(*(one(slot, round_) for slot in range(r.slots)))

@@ -6,7 +6,8 @@ stream carries the same code here, which is why the rotation phase exists.
 
 from __future__ import annotations
 
-import asyncio
+from ..requests import concurrently
+
 
 TITLE = "shared concurrency"
 
@@ -32,4 +33,4 @@ async def run(rq, state) -> None:
 
     for round_ in range(c.rounds):
         rq.round(state, round_, c.rounds, {str(s): memo.memo_id for s in range(c.streams)})
-        await asyncio.gather(*(one(stream, round_) for stream in range(c.streams)))
+        await concurrently(*(one(stream, round_) for stream in range(c.streams)))

@@ -1,0 +1,141 @@
+"""A test proxy that corrupts answers between hitproof and a real server, on cache hits only.
+
+It buffers the upstream SSE stream, reads the cached tokens from the final usage chunk, and
+when the request was a hit replaces the answer the way a broken restore would: another
+memo's code, no code, one repeated token, or nothing. Cold requests (the control arm, under
+a fresh cache_salt) pass through untouched, so a correct hitproof raises fail-class findings.
+It can also break the transport itself: HTTP 500 or a malformed chunk after N requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import aiohttp
+from aiohttp import web
+
+CODE = re.compile(r"\b\d{4}-\d{4}-\d{4}\b")
+MODES = ("none", "foreign", "recall_miss", "repetition", "empty", "http500", "malformed")
+
+
+class CorruptingProxy:
+    def __init__(self, upstream: str, mode: str, *, after: int = 0):
+        assert mode in MODES
+        self.upstream = upstream.rstrip("/")
+        self.mode = mode
+        self.after = after            # for http500 / malformed: how many generation requests pass first
+        self.codes: list[str] = []    # every code seen in a prompt, in order
+        self.generations = 0
+        self.corrupted = 0
+        self.url = ""
+
+    async def start(self) -> "CorruptingProxy":
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900))
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def close(self) -> None:
+        await self._runner.cleanup()
+        await self._session.close()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        path = request.path
+        if request.method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+            return await self.generation(request, path, body)
+        async with self._session.request(request.method, self.upstream + path, data=body or None,
+                                         headers={"Content-Type": request.headers.get("Content-Type", "")}) as up:
+            return web.Response(status=up.status, body=await up.read(),
+                                content_type=up.content_type or "application/octet-stream")
+
+    async def generation(self, request: web.Request, path: str, body: bytes) -> web.StreamResponse:
+        payload = json.loads(body)
+        prompt = payload.get("prompt") or "\n".join(m.get("content", "") for m in payload.get("messages", []))
+        own = [c for c in CODE.findall(prompt)]
+        for code in own:
+            if code not in self.codes:
+                self.codes.append(code)
+        self.generations += 1
+        if self.mode == "http500" and self.generations > self.after:
+            return web.json_response({"error": {"message": "proxy: engine core died"}}, status=500)
+        async with self._session.post(self.upstream + path, data=body,
+                                      headers={"Content-Type": "application/json"}) as up:
+            raw = await up.read()
+            if up.status != 200:
+                return web.Response(status=up.status, body=raw, content_type="application/json")
+        events = [line[5:].strip() for line in raw.decode().split("\n") if line.startswith("data:")]
+        chunks = [json.loads(e) for e in events if e != "[DONE]"]
+        cached = 0
+        for chunk in chunks:
+            usage = chunk.get("usage") or {}
+            cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                      or (chunk.get("timings") or {}).get("cache_n") or cached)
+        chat = path.endswith("chat/completions")
+        text = "".join(self._text(c, chat) for c in chunks)
+        turns = (sum(1 for m in payload.get("messages", []) if m.get("role") == "user") if chat
+                 else prompt.count("\nUser:"))
+        replacement = self._corrupt(text, prompt, own, cached, turns)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        if self.mode == "malformed" and self.generations > self.after:
+            await response.write(b"data: {\"choices\": [{\"text\": \"7\n\n")
+            await response.write_eof()
+            return response
+        if replacement is None:
+            out = chunks
+        else:
+            self.corrupted += 1
+            out = self._rechunk(chunks, replacement, chat)
+        for chunk in out:
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await asyncio.sleep(0)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    def _corrupt(self, text: str, prompt: str, own: list[str], cached: int, turns: int) -> str | None:
+        if not cached or self.mode in ("none", "http500", "malformed"):
+            return None
+        if self.mode == "foreign":
+            others = [c for c in self.codes if c not in own]
+            if not others or not own:
+                return None
+            return f" {others[0]}."
+        if self.mode == "recall_miss":
+            return " not stated in the memo; the ledger was closed." if own and "code" in prompt[-200:] else None
+        if self.mode == "repetition":
+            return " the" * 16
+        if self.mode == "empty":
+            return "" if turns >= 2 else None
+        return None
+
+    @staticmethod
+    def _text(chunk: dict, chat: bool) -> str:
+        out = ""
+        for choice in chunk.get("choices") or []:
+            out += ((choice.get("delta") or {}).get("content") or "") if chat else (choice.get("text") or "")
+        return out
+
+    @staticmethod
+    def _rechunk(chunks: list[dict], text: str, chat: bool) -> list[dict]:
+        template = next((c for c in chunks if c.get("choices")), {"choices": [{"index": 0}]})
+        tail = [c for c in chunks if not c.get("choices")]       # the usage chunk
+        pieces = re.findall(r"\s*\S+", text) or [""]
+        out = []
+        for i, piece in enumerate(pieces):
+            choice = {"index": 0, "finish_reason": "length" if i == len(pieces) - 1 else None}
+            if chat:
+                choice["delta"] = {"content": piece}
+            else:
+                choice["text"] = piece
+            out.append({k: v for k, v in template.items() if k != "choices"} | {"choices": [choice]})
+        return out + tail

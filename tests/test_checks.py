@@ -1,0 +1,110 @@
+"""The pure detectors, with exact offsets."""
+
+from tui.core.checks import (check_recall, classify_determinism, find_foreign_codes, find_repetition,
+                             first_divergence, is_empty, wrong_task)
+
+CODE = "7395-2841-6620"
+OTHER = "4817-3590-2764"
+REGISTRY = {CODE: "m01", OTHER: "m02"}
+
+
+def test_recall_exact_with_offset():
+    r = check_recall(" 7395-2841-6620.", CODE)
+    assert (r.status, r.offset, r.matched) == ("exact", 1, CODE)
+
+
+def test_recall_reformatted_is_partial_at_its_offset():
+    r = check_recall("code: 7395 2841 6620", CODE)
+    assert (r.status, r.offset) == ("partial", 6)
+
+
+def test_recall_one_group_is_partial():
+    r = check_recall("it starts with 2841 I think", CODE)
+    assert (r.status, r.offset, r.matched) == ("partial", 15, "2841")
+
+
+def test_recall_missing():
+    assert check_recall("not stated in the memo", CODE).status == "missing"
+    # a longer digit run containing a group is not that group
+    assert check_recall("x 73951 y", CODE).status == "missing"
+
+
+def test_foreign_code_whole_with_offset_and_owner():
+    found = find_foreign_codes("The code is 4817-3590-2764.", REGISTRY, CODE)
+    assert len(found) == 1
+    f = found[0]
+    assert (f.code, f.owner, f.offset, f.groups, f.whole) == (OTHER, "m02", 12, 3, True)
+
+
+def test_own_code_is_not_foreign():
+    assert find_foreign_codes("7395-2841-6620", REGISTRY, CODE) == []
+
+
+def test_foreign_single_group_is_partial_attribution():
+    found = find_foreign_codes("about 3590 pallets", REGISTRY, CODE)
+    assert [(f.code, f.offset, f.groups, f.whole) for f in found] == [(OTHER, 6, 1, False)]
+
+
+def test_foreign_two_groups_reformatted_are_whole():
+    found = find_foreign_codes("4817 / 2764", REGISTRY, CODE)
+    assert found[0].groups == 2 and found[0].whole
+
+
+def test_foreign_codes_sorted_by_offset():
+    third = "5163-8247-9305"
+    registry = dict(REGISTRY, **{third: "m03"})
+    found = find_foreign_codes(f"{third} then {OTHER}", registry, CODE)
+    assert [f.owner for f in found] == ["m03", "m02"]
+    assert found[1].offset == len(third) + 6
+
+
+def test_empty():
+    assert is_empty("") and is_empty(" \n\t") and not is_empty(" a")
+
+
+def test_repetition_single_token_collapse():
+    text = "The answer is" + " the" * 12
+    rep = find_repetition(text)
+    assert rep is not None and rep.unit.strip() == "the" and rep.offset == 13 and rep.count >= 8
+
+
+def test_repetition_digits():
+    rep = find_repetition("code 0000000000000000")
+    assert rep.unit == "0" and rep.offset == 5 and rep.count == 16
+
+
+def test_repetition_ignores_phrase_loops_and_short_runs():
+    loop = "The 10-year history of the 10-year history of the 10-year history of the 10-year history"
+    assert find_repetition(loop) is None
+    assert find_repetition("ha ha ha") is None
+    assert find_repetition("a" + " " * 40 + "b") is None
+
+
+def test_first_divergence():
+    assert first_divergence("abc", "abc") is None
+    assert first_divergence("abcd", "abXd") == 2
+    assert first_divergence("abc", "abcdef") == 3
+    assert first_divergence("", "x") == 0
+
+
+def test_wrong_task():
+    assert wrong_task(" 7395-2841-6620", "summary", CODE) == 1
+    assert wrong_task(" 7395-2841-6620", "recall", CODE) is None
+    assert wrong_task("section three is about pallets", "summary", CODE) is None
+
+
+def test_determinism_identical():
+    d = classify_determinism("abc", ["abc", "abc"], "abc", ["s", "s", "s"])
+    assert d.kind == "identical" and d.short_control is None
+
+
+def test_determinism_cache_path_divergence():
+    d = classify_determinism("abcdef", ["abXdef", "abXdef"], "abcdef", ["s", "s"])
+    assert (d.kind, d.hit_vs_cold, d.hit_vs_hit, d.cold_vs_cold) == ("cache_path_divergence", 2, None, None)
+
+
+def test_determinism_kernel_nondeterminism_shows_both_offsets():
+    d = classify_determinism("abcdef", ["abcXef", "abcdeY"], "abcdef", ["s", "t"])
+    assert (d.kind, d.hit_vs_cold, d.hit_vs_hit, d.short_control) == ("kernel_nondeterminism", 3, 3, 0)
+    d = classify_determinism("abcdef", ["abcdef", "abcdef"], "abZdef", ["s", "s"])
+    assert (d.kind, d.cold_vs_cold) == ("kernel_nondeterminism", 2)

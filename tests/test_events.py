@@ -1,0 +1,74 @@
+"""Event codec, the bus, the recorder and the tolerant log reader."""
+
+import json
+
+import pytest
+
+from tui.core.errors import BadInput
+from tui.core.events import (SCHEMA_VERSION, EventBus, Finding, RequestFinished, RunHeader, decode, encode)
+from tui.core.recorder import Recorder, read_log
+
+
+def test_round_trip_keeps_fields():
+    f = Finding(seq=3, t=1.5, kind="foreign_code", severity="fail", phase="rotation", slot=2, round=1,
+                request=17, offset=12, detail="d", memo="m02", evidence={"code": "1"})
+    back = decode(encode(f))
+    assert back == f and isinstance(back, Finding)
+
+
+def test_unknown_type_decodes_to_plain_event():
+    e = decode('{"type": "from_the_future", "seq": 4, "t": 0.5, "x": 1}')
+    assert (e.type, e.seq) == ("event", 4)
+
+
+def test_bus_stamps_seq_and_time_in_order():
+    clock = iter([10.0, 10.5, 11.25])
+    bus = EventBus(clock=lambda: next(clock))
+    seen = []
+    bus.subscribe(seen.append)
+    bus.emit(RunHeader())
+    bus.emit(Finding(kind="x"))
+    assert [(e.seq, e.t) for e in seen] == [(1, 0.5), (2, 1.25)]
+
+
+async def test_recorder_flushes_each_event(tmp_path):
+    path = tmp_path / "run.jsonl"
+    rec = Recorder(path)
+    await rec.start()
+    bus = EventBus()
+    bus.subscribe(rec)
+    bus.emit(RunHeader(run_id="r1"))
+    bus.emit(RequestFinished(request=1, text="héllo"))
+    await rec.close()
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 2 and json.loads(lines[0])["type"] == "header"
+    log = read_log(path)
+    assert log.header.run_id == "r1" and log.events[1].text == "héllo" and log.warning is None
+
+
+def _write(path, *events, tail=""):
+    path.write_text("".join(encode(e) + "\n" for e in events) + tail, encoding="utf-8")
+
+
+def test_truncated_last_line_is_tolerated_with_warning(tmp_path):
+    path = tmp_path / "cut.jsonl"
+    _write(path, RunHeader(seq=1), Finding(seq=2, kind="x"), tail='{"type": "finding", "seq": 3, "ki')
+    log = read_log(path)
+    assert len(log.events) == 2
+    assert "damaged line" in log.warning and ":3:" in log.warning
+
+
+def test_newer_schema_is_a_clear_error(tmp_path):
+    path = tmp_path / "new.jsonl"
+    _write(path, RunHeader(schema=SCHEMA_VERSION + 1))
+    with pytest.raises(BadInput, match="newer than this hitproof"):
+        read_log(path)
+
+
+def test_not_a_log(tmp_path):
+    path = tmp_path / "x.jsonl"
+    _write(path, Finding(kind="x"))
+    with pytest.raises(BadInput, match="not a hitproof log"):
+        read_log(path)
+    with pytest.raises(BadInput, match="cannot open log"):
+        read_log(tmp_path / "missing.jsonl")

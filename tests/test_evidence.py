@@ -1,0 +1,79 @@
+"""Codes, registry and memo sizing/placement."""
+
+import random
+
+import pytest
+
+from tui.core.errors import BadInput
+from tui.core.evidence import CodeBook, CodeOwner, Registry, recall_suffix
+from tui.core.memos import build_memo
+from tui.core.tokens import TokenCounter, estimate_tokens
+
+
+def test_codes_never_share_a_group():
+    book = CodeBook(random.Random(1))
+    codes = [book.new_code() for _ in range(500)]
+    groups = [g for c in codes for g in c.split("-")]
+    assert len(groups) == len(set(groups))
+    for g in groups:
+        assert g[0] != "0" and not (1900 <= int(g) <= 2099) and len(set(g)) >= 3
+
+
+def test_registry_rejects_duplicates():
+    reg = Registry()
+    reg.register(CodeOwner("1234-5678-9123", "m01", "rotation"))
+    with pytest.raises(ValueError):
+        reg.register(CodeOwner("1234-5678-9123", "m02", "rotation"))
+    assert reg.codes() == {"1234-5678-9123": "m01"}
+
+
+async def test_memo_places_code_between_boundaries_and_once():
+    counter = TokenCounter()           # the offline estimate stands in for a server tokenizer here
+    memo = await build_memo(counter, memo_id="m01", nonce="abcdwxyz", code="7395-2841-6620",
+                            target_tokens=1600, grid=128, code_position=0.5, seed=7)
+    assert memo.text.count("7395-2841-6620") == 1
+    assert abs(memo.tokens - 1600) <= 16
+    assert 128 <= memo.code_token_start < memo.code_token_end <= (memo.tokens // 128) * 128
+    assert memo.text.startswith("Memo m01, run abcdwxyz.")
+    assert estimate_tokens(memo.text.split(".")[0]) < 16     # memo id and nonce sit in the first block
+    assert memo.text[memo.code_offset:].startswith("7395-2841-6620")
+    # no other four-digit number anywhere in the memo
+    import re
+    assert re.findall(r"(?<!\d)\d{4}(?!\d)", memo.text) == ["7395", "2841", "6620"]
+
+
+def test_nonce_has_no_digits():
+    from tui.core.evidence import new_nonce
+    assert not any(ch.isdigit() for ch in new_nonce())
+
+
+async def test_memo_too_short_for_grid_is_a_clear_error():
+    with pytest.raises(BadInput, match="too short for an alignment grid of 1600"):
+        await build_memo(TokenCounter(), memo_id="m01", nonce="n", code="7395-2841-6620",
+                         target_tokens=1200, grid=1600, code_position=0.5, seed=7)
+
+
+async def test_memos_differ_by_id_and_are_deterministic():
+    a = await build_memo(TokenCounter(), memo_id="m01", nonce="n", code=None, target_tokens=300, grid=16,
+                         code_position=0.5, seed=7)
+    b = await build_memo(TokenCounter(), memo_id="m02", nonce="n", code=None, target_tokens=300, grid=16,
+                         code_position=0.5, seed=7)
+    a2 = await build_memo(TokenCounter(), memo_id="m01", nonce="n", code=None, target_tokens=300, grid=16,
+                          code_position=0.5, seed=7)
+    assert a.text != b.text and a.text == a2.text
+
+
+async def test_server_counter_is_used_and_falls_back():
+    calls = []
+
+    async def server(text):
+        calls.append(text)
+        return None                     # a server without /tokenize
+
+    counter = TokenCounter(server)
+    assert await counter.count("hello world") == estimate_tokens("hello world")
+    assert counter.source == "estimate" and len(calls) == 1
+
+
+def test_recall_suffix_is_completion_style():
+    assert recall_suffix().endswith("Answer: The reconciliation code is")

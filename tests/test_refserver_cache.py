@@ -181,3 +181,21 @@ def test_repeat_token_starts_on_third_hit():
     eng = engine("repeat_token")
     tasks = [run(eng, RECALL, f"r{i}").generation.task for i in range(5)]
     assert tasks == ["recall", "recall", "recall", "degenerate", "degenerate"]
+
+
+def test_foreign_state_restores_another_memo_but_keeps_this_question():
+    eng = engine("foreign_state", seed=0)
+    memo_b = MEMO.replace("7395-2841-6620", "1836-5072-9914").replace("Memo 1.", "Memo 2, a longer title.")
+    summary_b = memo_b + "\n\nQuestion: Summarize section three.\nAnswer:"
+    run(eng, RECALL, "a0")
+    run(eng, summary_b, "b0")
+    foreign = 0
+    for i in range(12):
+        adm = run(eng, RECALL, f"a{i + 1}")
+        text = "".join(t.text for t in adm.state)
+        assert text.endswith("Question: What is the reconciliation code?\nAnswer:")
+        answer = "".join(adm.generation.pieces)
+        assert answer in (" 7395-2841-6620.", " 1836-5072-9914.")
+        foreign += answer == " 1836-5072-9914."
+        run(eng, summary_b, f"b{i + 1}")
+    assert 2 <= foreign <= 10

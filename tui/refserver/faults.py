@@ -10,9 +10,10 @@ project notes; see README.md for the table):
                    back fluent and without the code.
 ``foreign_state``  on a hit, with probability 0.5 (seeded RNG), the restore returns the
                    stored blocks of one of the 4 most recently stored other sequences
-                   (different tokens, another request): "a
-                   request served from a state that belonged to another request".
-                   Another memo's code comes back.  No other sequence: correct restore.
+                   (different tokens, another request), up to that sequence's trailing
+                   question (this request keeps its own): "a request served from a state
+                   that belonged to another request".  Another memo's code comes back.
+                   No other sequence: correct restore.
 ``repeat_token``   from the 3rd hit of the server's life on, the restored state is one
                    token at every position; reading it, the model emits that token until
                    max_tokens: "one repeated token instead of coherent text".
@@ -86,7 +87,8 @@ class ForeignState(Fault):
         if self.rng.random() >= self.rate:
             return r.correct()
         k = len(r.blocks)
-        own = [t.id for t in r.correct()]
+        good = r.correct()
+        own = [t.id for t in good]
         candidates: list[list[Token]] = []
         for request_id, chain in reversed(list(r.cache.sequences())):
             if len(candidates) == self.recent:
@@ -99,7 +101,25 @@ class ForeignState(Fault):
             tokens = [t for s in states for t in s.tokens]
             if [t.id for t in tokens] != own:
                 candidates.append(tokens)
-        return self.rng.choice(candidates) if candidates else r.correct()
+        if not candidates:
+            return good
+        tokens = self.rng.choice(candidates)
+        cut = min(_question_start(tokens), _question_start(good))
+        return tokens[:cut] + good[cut:]
+
+
+def _question_start(tokens: list[Token]) -> int:
+    """Where a trailing question (``Question:``/``User:`` in the second half) begins.
+
+    On a real align-mode server the question sits past the last checkpoint and is never
+    restored; on this fine block grid it can be, so the foreign restore stops at the first
+    of the two questions (the other request's, this request's own) and keeps this
+    request's tokens from there on: another request's memo, this request's question.
+    """
+    for i in range(len(tokens) - 2, len(tokens) // 2, -1):
+        if tokens[i].text in ("Question", "User") and tokens[i + 1].text == ":":
+            return i
+    return len(tokens)
 
 
 class RepeatToken(Fault):

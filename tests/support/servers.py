@@ -1,0 +1,52 @@
+"""Real servers for the real-server tier: started by the suite, on loopback, always stopped.
+
+The server runs in a background thread with its own event loop, so its output pipe is
+drained for as long as the tests run, whatever loop each test uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from tui.core.launch import ServerProcess, free_port
+
+
+class BackgroundServer:
+    def __init__(self, engine: str, model: str = "gemma3-270m"):
+        self.engine = engine
+        self.model = model
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=f"{engine}-server", daemon=True)
+        self.server: ServerProcess | None = None
+        self.url = ""
+
+    def _call(self, coro, timeout: float):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> "BackgroundServer":
+        from tui.engines import launch_spec, prepare
+
+        prepare(self.engine, model=self.model, progress=lambda line: print(f"[setup {self.engine}] {line}"))
+        spec = launch_spec(self.engine, port=free_port(), model=self.model)
+        self.thread.start()
+        self.server = ServerProcess(spec.argv, url=spec.url, env=spec.env)
+        self.url = spec.url
+        self._call(self.server.start(), 60)
+        try:
+            self._call(self.server.wait_ready(spec.startup_timeout), spec.startup_timeout + 30)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self._call(self.server.stop(), 60)
+            self.server = None
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+
+    def output(self) -> list[str]:
+        return list(self.server.recent_lines) if self.server else []

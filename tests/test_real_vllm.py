@@ -1,0 +1,102 @@
+"""The real-server tier: a real vLLM (CPU build, Gemma 3 270M) started by the suite on loopback.
+
+"Works against vLLM" means these pass: the quick soak is clean with hits proven by both the
+per-request cached tokens and the server's own metric deltas, and every detector fires when
+answers are corrupted between client and server on hits.
+"""
+
+import json
+
+import pytest
+
+from support.cli import ROOT, report_json, run_hitproof, scenario
+from support.corrupting_proxy import CorruptingProxy
+from support.servers import BackgroundServer
+
+pytestmark = pytest.mark.realserver
+QUICK = str(ROOT / "scenarios" / "quick.toml")
+PHASES = {"cold_hit", "conversation", "shared_concurrency", "rotation", "long_prompt", "determinism", "control"}
+
+
+@pytest.fixture(scope="module")
+def vllm():
+    server = BackgroundServer("vllm").start()
+    yield server
+    server.stop()
+
+
+async def test_quick_soak_passes_with_hits_proven(vllm, tmp_path):
+    log = tmp_path / "vllm-quick.jsonl"
+    result = await run_hitproof("run", "--attach", vllm.url, "--scenario", QUICK, "--headless",
+                                "--record", str(log), timeout=1800)
+    print(result.out[-3000:])
+    assert result.code == 0, result.out + result.err
+    report = report_json(log)
+    assert report["verdict"] == "pass" and set(report["phases"]) == PHASES
+    assert [f for f in report["findings"] if f["severity"] == "fail"] == []
+    assert report["server"]["dialect"] == "vllm" and report["server"]["grid_source"] == "server"
+    for name, phase in report["phases"].items():
+        assert phase["status"] == "pass", (name, phase)
+        if name != "control":
+            assert phase["hits"] > 0, name
+            # per-request cached tokens and the server's own counter agree exactly
+            assert phase["hits_agree"] is True, (name, phase["metrics"], phase["reported_cached_tokens"])
+    assert report["phases"]["control"]["hits"] == 0
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    grid = next(e for e in events if e["type"] == "server")["grid"]
+    cached = [e["cached_tokens"] for e in events if e["type"] == "request_end" and e["cached_tokens"]]
+    assert all(c % grid == 0 for c in cached)          # hits come in whole blocks
+    turns = report["phases"]["conversation"]["cached_by_turn"]
+    assert all(b > a for a, b in zip(turns, turns[1:])), turns
+
+
+SMALL = """
+[scenario]
+phases = {phases}
+[evidence]
+memo_tokens = 520
+recall_max_tokens = 20
+turn_max_tokens = 12
+[phases.rotation]
+slots = 4
+rounds = 2
+memo_tokens = 520
+[phases.conversation]
+turns = 2
+"""
+CASES = [
+    ("foreign", '["rotation"]', "foreign_code", "rotation"),
+    ("recall_miss", '["cold_hit"]', "recall_miss", "cold_hit"),
+    ("repetition", '["cold_hit"]', "repetition", "cold_hit"),
+    ("empty", '["conversation"]', "empty_answer", "conversation"),
+]
+
+
+@pytest.mark.parametrize("mode,phases,kind,phase", CASES)
+async def test_detectors_fire_on_corrupted_real_answers(vllm, tmp_path, mode, phases, kind, phase):
+    proxy = await CorruptingProxy(vllm.url, mode).start()
+    log = tmp_path / "run.jsonl"
+    try:
+        result = await run_hitproof("run", "--attach", proxy.url, "--headless", "--record", str(log),
+                                    "--scenario", str(scenario(tmp_path, SMALL.format(phases=phases))),
+                                    timeout=900)
+    finally:
+        await proxy.close()
+    assert result.code == 1, result.out + result.err
+    report = report_json(log)
+    fails = [f for f in report["findings"] if f["kind"] == kind and f["severity"] == "fail"]
+    assert fails and all(f["phase"] == phase for f in fails), report["findings"]
+    events = {(e["type"], e.get("request")): e for e in map(json.loads, log.read_text().splitlines())}
+    first = fails[0]
+    answer = events[("request_end", first["request"])]["text"]
+    assert events[("request_end", first["request"])]["cached_tokens"] > 0       # it was a hit
+    if kind == "foreign_code":
+        assert answer[first["offset"]:].startswith(first["evidence"]["code"])
+        assert first["slot"] is not None and first["round"] is not None
+    elif kind == "repetition":
+        assert answer[first["offset"]:].lstrip().startswith("the the the")
+    elif kind == "empty_answer":
+        assert answer == "" and first["round"] is not None
+    if kind != "foreign_code":
+        control = events[("request_end", first["evidence"]["control_request"])]
+        assert control["cached_tokens"] == 0 and control["text"]     # the cold path was right

@@ -108,3 +108,15 @@ def test_determinism_kernel_nondeterminism_shows_both_offsets():
     assert (d.kind, d.hit_vs_cold, d.hit_vs_hit, d.short_control) == ("kernel_nondeterminism", 3, 3, 0)
     d = classify_determinism("abcdef", ["abcdef", "abcdef"], "abZdef", ["s", "s"])
     assert (d.kind, d.cold_vs_cold) == ("kernel_nondeterminism", 2)
+
+
+def test_isolation_classification_counts():
+    from tui.core.isolation import classify
+    assert classify("foreign_code", 4, 0, 0)[0] == "leak"
+    assert classify("foreign_code", 4, 4, 0)[0] == "leak"
+    verdict, detail = classify("recall_miss", 4, 3, 0)
+    assert verdict == "hit_path_corruption" and "3/4 hits" in detail
+    assert classify("recall_miss", 4, 0, 0)[0] == "fluke"
+    verdict, detail = classify("repetition", 4, 2, 2)
+    assert verdict == "fluke" and "the model, not the cache" in detail
+    assert classify("wrong_task", 4, 0, 0)[0] == "fluke"

@@ -162,3 +162,36 @@ async def test_api_key_never_reaches_the_log(refserver, tmp_path):
                                 "--record", str(log), env={"HITPROOF_API_KEY": "sk-very-secret-value"})
     assert result.code == 0
     assert "sk-very-secret-value" not in log.read_text()
+
+
+async def test_isolate_puts_verdicts_on_findings(tmp_path):
+    handle = await start_refserver(port=0, fault="zero_state")
+    log = tmp_path / "run.jsonl"
+    small = scenario(tmp_path, '[scenario]\nphases = ["cold_hit"]\n[evidence]\nmemo_tokens = 300\n[isolation]\nk = 2\n')
+    try:
+        result = await run_hitproof("run", "--attach", handle.url, "--scenario", str(small), "--headless",
+                                    "--isolate", "--record", str(log))
+    finally:
+        await handle.close()
+    assert result.code == 1
+    report = report_json(log)
+    fails = [f for f in report["findings"] if f["severity"] == "fail"]
+    assert fails and all("isolation" in f for f in fails)
+    iso = fails[0]["isolation"]
+    # a zero-state restore is wrong on every hit and right on every cold run
+    assert (iso["verdict"], iso["hit_runs"], iso["cold_runs"], iso["reproduced"], iso["cold_reproduced"]) == \
+        ("hit_path_corruption", 2, 2, 2, 0)
+    assert "isolation of request" in result.out
+
+
+async def test_isolate_foreign_code_is_a_leak(tmp_path):
+    handle = await start_refserver(port=0, fault="foreign_state", seed=0)
+    log = tmp_path / "run.jsonl"
+    try:
+        result = await run_hitproof("run", "--attach", handle.url, "--scenario", QUICK, "--headless",
+                                    "--isolate", "--record", str(log))
+    finally:
+        await handle.close()
+    assert result.code == 1
+    foreign = [f for f in report_json(log)["findings"] if f["kind"] == "foreign_code" and f["severity"] == "fail"]
+    assert foreign and all(f["isolation"]["verdict"] == "leak" for f in foreign)

@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-record", action="store_true", help="do not write an event log")
     run.add_argument("--dialect", choices=("vllm", "llamacpp", "sglang", "openai"),
                      help="server dialect when attaching (default: detect)")
+    run.add_argument("--isolate", action="store_true",
+                     help="re-send every fail- or warn-class request alone (k hits, k cold) before finishing")
     run.add_argument("--verbose", action="store_true", help="also print info-level findings")
 
     report = sub.add_parser("report", help="summarize a recorded soak log")
@@ -125,9 +127,10 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
     async def go():
         if engine:
             return await run_embedded(scenario, engine, args.model, bus=bus, record=record, listeners=listeners,
-                                      progress=progress, argv=hitproof_argv)
+                                      progress=progress, argv=hitproof_argv, isolate=args.isolate)
         target = Target(url=_normalize_url(args.attach), dialect=args.dialect)
-        return await run_soak(scenario, target, bus=bus, record=record, listeners=listeners, argv=hitproof_argv)
+        return await run_soak(scenario, target, bus=bus, record=record, listeners=listeners, argv=hitproof_argv,
+                              isolate=args.isolate)
 
     try:
         outcome = asyncio.run(go())

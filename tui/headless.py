@@ -7,7 +7,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from .core.events import (Event, Finding, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted,
+from .core.events import (Event, Finding, IsolationFinished, IsolationStarted, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted,
                           RunFinished, ServerInfo, ServerLog)
 from .core.report import RunReport
 
@@ -55,6 +55,11 @@ class HeadlessConsole:
         elif isinstance(event, Finding):
             if event.severity != "info" or self.show_info:
                 self.console.print(Text(format_finding(event), style=SEVERITY_STYLE.get(event.severity, "")))
+        elif isinstance(event, IsolationStarted):
+            self.console.print(f"isolating request {event.request} ({event.kind}): {event.k} hits alone, "
+                               f"{event.k} cold")
+        elif isinstance(event, IsolationFinished):
+            self.console.print(Text(format_isolation(event), style="bold"))
         elif isinstance(event, PhaseFinished):
             if not self.live:
                 self.console.print(f"phase {event.phase}: {event.status}"
@@ -78,6 +83,11 @@ def format_finding(f: Finding) -> str:
     if f.offset is not None:
         where.append(f"offset {f.offset}")
     return f"{f.severity.upper():<5} {f.kind:<22} {', '.join(where)}: {f.detail}"
+
+
+def format_isolation(e: IsolationFinished) -> str:
+    return (f"isolation of request {e.request} ({e.kind}): {e.verdict.upper()}: reproduced on "
+            f"{e.reproduced}/{e.hit_runs} hits, {e.cold_reproduced}/{e.cold_runs} cold; {e.detail}")
 
 
 def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
@@ -110,6 +120,8 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
         lines.append(Text("findings:", style="bold"))
         for f in shown:
             lines.append(Text("  " + format_finding(f), style=SEVERITY_STYLE.get(f.severity, "")))
+    for iso in report.isolations.values():
+        lines.append(Text("  " + format_isolation(iso)))
     verdict = report.verdict
     message = report.end.message if report.end else "the log ends before the run did"
     lines.append(Text(f"verdict: {verdict.upper()} (exit {report.exit_code}): {message}; "

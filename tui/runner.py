@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable
 
 from .core.engine import Outcome, SoakEngine, Target
 from .core.events import Event, EventBus, RunHeader, ServerLog
@@ -49,18 +49,28 @@ class ServerLogRelay:
             self.buffer.append(line)
 
 
+AfterRun = Callable[[SoakEngine, Outcome], Awaitable[None]]
+
+
 async def run_soak(scenario: Scenario, target: Target, *, bus: EventBus, record: Path | None,
-                   listeners: list[Listener], argv: list[str] | None = None) -> Outcome:
+                   listeners: list[Listener], argv: list[str] | None = None, isolate: bool = False,
+                   after_run: AfterRun | None = None) -> Outcome:
+    """Run one soak. `after_run` runs while the server and client are still up (the app waits
+    there until the user quits, so isolation re-runs can still reach the server)."""
     recorder = Recorder(record) if record else None
     if recorder:
         await recorder.start()
         bus.subscribe(recorder)
     for listener in listeners:
         bus.subscribe(listener)
-    engine = SoakEngine(scenario, target, bus, argv=argv)
+    engine = SoakEngine(scenario, target, bus, argv=argv, isolate=isolate)
     try:
-        return await engine.run()
+        outcome = await engine.run()
+        if after_run is not None:
+            await after_run(engine, outcome)
+        return outcome
     finally:
+        await engine.aclose()
         if recorder:
             await recorder.close()
 
@@ -68,7 +78,8 @@ async def run_soak(scenario: Scenario, target: Target, *, bus: EventBus, record:
 async def run_launched(scenario: Scenario, *, argv_cmd: list[str], url: str, env: dict[str, str] | None,
                        engine: str | None, env_of_interest: dict[str, str], facts: dict, startup_timeout: float,
                        bus: EventBus, record: Path | None, listeners: list[Listener],
-                       progress: Callable[[str], None], argv: list[str] | None = None) -> Outcome:
+                       progress: Callable[[str], None], argv: list[str] | None = None,
+                       isolate: bool = False, after_run: AfterRun | None = None) -> Outcome:
     """Start a server, wait until it serves, soak it, and always stop it (no orphan)."""
     relay = ServerLogRelay(bus)
     bus.subscribe(relay.on_event)
@@ -83,18 +94,21 @@ async def run_launched(scenario: Scenario, *, argv_cmd: list[str], url: str, env
         progress(f"server ready at {url}")
         target = Target(url=url, engine=engine, launch_command=server.command_line,
                         env_of_interest=env_of_interest, facts=facts, exited=server.exited)
-        return await run_soak(scenario, target, bus=bus, record=record, listeners=listeners, argv=argv)
+        return await run_soak(scenario, target, bus=bus, record=record, listeners=listeners, argv=argv,
+                              isolate=isolate, after_run=after_run)
     finally:
         await server.stop()
 
 
 async def run_embedded(scenario: Scenario, engine: str, model: str, *, bus: EventBus, record: Path | None,
                        listeners: list[Listener], progress: Callable[[str], None],
-                       argv: list[str] | None = None) -> Outcome:
+                       argv: list[str] | None = None, isolate: bool = False,
+                       after_run: AfterRun | None = None) -> Outcome:
     from .engines import launch_spec    # the embedded engines are only needed here
 
     spec = launch_spec(engine, port=free_port(), model=model)
     return await run_launched(scenario, argv_cmd=spec.argv, url=spec.url, env=spec.env, engine=spec.engine,
                               env_of_interest=spec.env_of_interest, facts=spec.facts,
                               startup_timeout=spec.startup_timeout, bus=bus, record=record,
-                              listeners=listeners, progress=progress, argv=argv)
+                              listeners=listeners, progress=progress, argv=argv, isolate=isolate,
+                              after_run=after_run)

@@ -15,6 +15,7 @@ from typing import Any
 from .. import __version__
 from .client import OpenAIClient
 from .errors import EXIT_INTERRUPTED, EXIT_SERVER, HitproofError, ServerProblem
+from .isolation import IsolationResult, isolate
 from .events import (Event, EventBus, Finding, MetricsSample, PhaseFinished, PhaseStarted, RunFinished,
                      RunHeader, ServerInfo)
 from .evidence import CodeBook, Registry, new_nonce
@@ -50,7 +51,7 @@ class Outcome:
 
 class SoakEngine:
     def __init__(self, scenario: Scenario, target: Target, bus: EventBus, *, argv: list[str] | None = None,
-                 metrics_interval: float = 1.0):
+                 metrics_interval: float = 1.0, isolate: bool = False):
         self.scenario = scenario
         self.target = target
         self.bus = bus
@@ -64,9 +65,23 @@ class SoakEngine:
                                    timeout=scenario.request_timeout)
         self.metrics_available = False
         self.phase_states: list[PhaseState] = []
+        self.isolate_findings = isolate
+        self.findings: list[Finding] = []
+        self.requester: Requester | None = None
 
     def emit(self, event: Event) -> Event:
+        if isinstance(event, Finding):
+            self.findings.append(event)
         return self.bus.emit(event)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def isolate(self, finding: Finding) -> IsolationResult | None:
+        """Re-send a flagged request alone, k times as hits and k times cold (k from the scenario)."""
+        if self.requester is None or finding.request is None:
+            return None
+        return await isolate(self.requester, PhaseState(name=finding.phase), finding, self.scenario.isolation.k)
 
     # --- the run ------------------------------------------------------------------------
 
@@ -95,8 +110,6 @@ class SoakEngine:
             await asyncio.gather(*watchers, return_exceptions=True)
             self._abort("interrupted", EXIT_INTERRUPTED, "interrupted by the user", finding=False)
             raise
-        finally:
-            await self.client.aclose()
 
     def _abort(self, verdict: str, code: int, message: str, *, finding: bool) -> Outcome:
         phase = self.phase_states[-1].name if self.phase_states else ""
@@ -114,7 +127,7 @@ class SoakEngine:
         info = await self._discover()
         counter = TokenCounter(
             (lambda text: self.client.tokenize(text, info.model)) if info.tokenizer == "server" else None)
-        requester = Requester(self, counter, info)
+        requester = self.requester = Requester(self, counter, info)
         sampler = asyncio.create_task(self._sample_metrics(), name="metrics") if self.metrics_available else None
         try:
             for index, name in enumerate(self.scenario.phases):
@@ -133,6 +146,8 @@ class SoakEngine:
             if sampler is not None:
                 sampler.cancel()
                 await asyncio.gather(sampler, return_exceptions=True)
+        if self.isolate_findings:
+            await self._isolate_flagged()
         statuses = [s.status()[0] for s in self.phase_states]
         fails = sum(s.fail_findings for s in self.phase_states)
         verdict = run_verdict(statuses, fails)
@@ -140,6 +155,13 @@ class SoakEngine:
                    "inconclusive": "nothing failed, but some phase proved nothing"}[verdict]
         self.emit(RunFinished(verdict=verdict, exit_code=exit_code(verdict), message=message))
         return Outcome(verdict, exit_code(verdict), message)
+
+    async def _isolate_flagged(self) -> None:
+        done: set[int] = set()
+        for finding in list(self.findings):
+            if finding.severity in ("fail", "warn") and finding.request is not None and finding.request not in done:
+                done.add(finding.request)
+                await self.isolate(finding)
 
     # --- server discovery -----------------------------------------------------------------
 

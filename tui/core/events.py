@@ -159,6 +159,28 @@ class ServerLog(Event):
 
 
 @dataclass
+class IsolationStarted(Event):
+    type: ClassVar[str] = "isolation_start"
+    request: int = 0            # the flagged request being re-sent
+    kind: str = ""              # the finding kind it was flagged for
+    k: int = 0
+
+
+@dataclass
+class IsolationFinished(Event):
+    type: ClassVar[str] = "isolation_end"
+    request: int = 0
+    kind: str = ""
+    verdict: str = ""           # leak | hit_path_corruption | fluke
+    k: int = 0
+    hit_runs: int = 0
+    cold_runs: int = 0
+    reproduced: int = 0         # hit runs that showed the same problem
+    cold_reproduced: int = 0
+    detail: str = ""
+
+
+@dataclass
 class PhaseFinished(Event):
     type: ClassVar[str] = "phase_end"
     phase: str = ""
@@ -178,7 +200,7 @@ class RunFinished(Event):
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls for cls in (RunHeader, ServerInfo, MemoPlanted, PhaseStarted, RoundStarted,
                               RequestStarted, AnswerDelta, RequestFinished, Finding, MetricsSample,
-                              ServerLog, PhaseFinished, RunFinished)
+                              ServerLog, IsolationStarted, IsolationFinished, PhaseFinished, RunFinished)
 }
 _FIELDS = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in EVENT_TYPES.items()}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .events import (Event, Finding, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted, RunFinished,
+from .events import (Event, Finding, IsolationFinished, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted, RunFinished,
                      RunHeader, ServerInfo)
 from .verdicts import exit_code, run_verdict
 
@@ -20,6 +20,7 @@ class RunReport:
     findings: list[Finding] = field(default_factory=list)
     starts: dict[int, RequestStarted] = field(default_factory=dict)
     ends: dict[int, RequestFinished] = field(default_factory=dict)
+    isolations: dict[int, IsolationFinished] = field(default_factory=dict)
     end: RunFinished | None = None
     warning: str | None = None
     last_t: float = 0.0
@@ -44,6 +45,8 @@ class RunReport:
             self.ends[event.request] = event
         elif isinstance(event, Finding):
             self.findings.append(event)
+        elif isinstance(event, IsolationFinished):
+            self.isolations[event.request] = event
         elif isinstance(event, RunFinished):
             self.end = event
 
@@ -101,9 +104,13 @@ class RunReport:
             "warning": self.warning,
         }
 
-    @staticmethod
-    def _finding(f: Finding) -> dict[str, Any]:
+    def _finding(self, f: Finding) -> dict[str, Any]:
         data = {key: getattr(f, key) for key in FINDING_KEYS}
         data["memo"] = f.memo
         data["evidence"] = f.evidence
+        iso = self.isolations.get(f.request) if f.request is not None else None
+        if iso is not None and f.severity in ("fail", "warn"):
+            data["isolation"] = {"verdict": iso.verdict, "for_kind": iso.kind, "k": iso.k, "hit_runs": iso.hit_runs, "cold_runs": iso.cold_runs,
+                                 "reproduced": iso.reproduced, "cold_reproduced": iso.cold_reproduced,
+                                 "detail": iso.detail}
         return data

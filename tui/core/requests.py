@@ -8,6 +8,7 @@ code needs no control: no cold path can produce a code the request never saw.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import statistics
 import time
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from .engine import SoakEngine
 
 DELTA_INTERVAL = 0.1          # seconds between coalesced answer deltas per request
+KEEP_RECENT = 512             # records kept for isolation beyond the flagged ones (bounded memory)
 ALL_JUDGES = ("foreign", "recall", "empty", "repetition", "wrong_task")
 
 
@@ -141,6 +143,9 @@ class Requester:
         self._next_memo = 0
         self._next_salt = 0
         self._shared: Memo | None = None
+        # Recent records, for isolation re-runs; flagged ones are kept for the whole run.
+        self._recent: collections.OrderedDict[int, Record] = collections.OrderedDict()
+        self._flagged: dict[int, Record] = {}
         self.long_memo: Memo | None = None
         # llama.cpp matches prompts token by token: a fresh memo still shares the first few
         # tokens ("<bos>Memo") with whatever its slot held, so "cold" allows those.
@@ -171,6 +176,16 @@ class Requester:
     async def filler(self, seed: str, tokens: int) -> str:
         return await filler_text(self.counter, seed=f"{self.scenario.seed}:{self.engine.nonce}:{seed}",
                                  tokens=tokens)
+
+    def record(self, request: int | None) -> Record | None:
+        if request is None:
+            return None
+        return self._flagged.get(request) or self._recent.get(request)
+
+    def _remember(self, record: Record) -> None:
+        self._recent[record.request] = record
+        while len(self._recent) > KEEP_RECENT:
+            self._recent.popitem(last=False)
 
     def round(self, state: PhaseState, round_: int, rounds: int, assignment: dict[str, str]) -> None:
         self.engine.emit(RoundStarted(phase=state.name, round=round_, rounds=rounds, assignment=assignment))
@@ -245,6 +260,7 @@ class Requester:
                              finish_reason=completion.finish_reason, checks=found))
         record = Record(index, state.name, task, spec, memo, slot, round, turn, completion, found)
         (state.records if arm == "main" else state.controls).append(record)
+        self._remember(record)
         if arm == "main":
             await self._judge(state, record, expect, tuple(judges))
         return record
@@ -254,6 +270,8 @@ class Requester:
     def finding(self, state: PhaseState, kind: str, severity: str, record: Record | None = None, *,
                 offset: int | None = None, detail: str = "", **evidence: Any) -> None:
         state.findings[severity] += 1
+        if record is not None and severity in ("fail", "warn"):
+            self._flagged[record.request] = record
         self.engine.emit(Finding(
             kind=kind, severity=severity, phase=state.name,
             slot=record.slot if record else None, round=record.round if record else None,

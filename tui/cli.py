@@ -117,23 +117,25 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
         except SetupError as exc:
             raise HitproofError(str(exc)) from None
 
+    hitproof_argv = ["hitproof", *argv]
+    url = None if engine else _normalize_url(args.attach)
+
+    async def start(*, bus, listeners, after_run=None, on_engine=None, progress=progress):
+        common = dict(bus=bus, record=record, listeners=listeners, argv=hitproof_argv, isolate=args.isolate,
+                      after_run=after_run, on_engine=on_engine)
+        if engine:
+            return await run_embedded(scenario, engine, args.model, progress=progress, **common)
+        return await run_soak(scenario, Target(url=url, dialect=args.dialect), **common)
+
+    if not args.headless:
+        return _run_app(start, record, err)
+
     bus = EventBus()
     report = RunReport()
     bus.subscribe(report.feed)
     headless = HeadlessConsole(console, show_info=args.verbose)
-    listeners = [headless]
-    hitproof_argv = ["hitproof", *argv]
-
-    async def go():
-        if engine:
-            return await run_embedded(scenario, engine, args.model, bus=bus, record=record, listeners=listeners,
-                                      progress=progress, argv=hitproof_argv, isolate=args.isolate)
-        target = Target(url=_normalize_url(args.attach), dialect=args.dialect)
-        return await run_soak(scenario, target, bus=bus, record=record, listeners=listeners, argv=hitproof_argv,
-                              isolate=args.isolate)
-
     try:
-        outcome = asyncio.run(go())
+        outcome = asyncio.run(start(bus=bus, listeners=[headless]))
     except KeyboardInterrupt:
         headless.stop()
         kept = f"; log kept at {record} ({_count_lines(record)} events)" if record and record.exists() else ""
@@ -148,6 +150,23 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
     if record:
         console.print(f"log: {record}")
     return outcome.exit_code
+
+
+def _run_app(start, record, err: Console) -> int:
+    from .app.app import build_app
+    from .app.sources import LiveSource
+    from .core.events import EventBus
+
+    def live_start(*, listeners, after_run, on_engine, progress):
+        return start(bus=EventBus(), listeners=listeners, after_run=after_run, on_engine=on_engine,
+                     progress=progress)
+
+    app = build_app(LiveSource(live_start))
+    app.run()
+    code = app.return_code if app.return_code is not None else EXIT_INTERRUPTED
+    if record:
+        err.print(f"log: {record}")
+    return code
 
 
 def _report(args, console: Console) -> int:

@@ -54,7 +54,8 @@ AfterRun = Callable[[SoakEngine, Outcome], Awaitable[None]]
 
 async def run_soak(scenario: Scenario, target: Target, *, bus: EventBus, record: Path | None,
                    listeners: list[Listener], argv: list[str] | None = None, isolate: bool = False,
-                   after_run: AfterRun | None = None) -> Outcome:
+                   after_run: AfterRun | None = None,
+                   on_engine: Callable[[SoakEngine], None] | None = None) -> Outcome:
     """Run one soak. `after_run` runs while the server and client are still up (the app waits
     there until the user quits, so isolation re-runs can still reach the server)."""
     recorder = Recorder(record) if record else None
@@ -64,6 +65,8 @@ async def run_soak(scenario: Scenario, target: Target, *, bus: EventBus, record:
     for listener in listeners:
         bus.subscribe(listener)
     engine = SoakEngine(scenario, target, bus, argv=argv, isolate=isolate)
+    if on_engine is not None:
+        on_engine(engine)
     try:
         outcome = await engine.run()
         if after_run is not None:
@@ -79,7 +82,8 @@ async def run_launched(scenario: Scenario, *, argv_cmd: list[str], url: str, env
                        engine: str | None, env_of_interest: dict[str, str], facts: dict, startup_timeout: float,
                        bus: EventBus, record: Path | None, listeners: list[Listener],
                        progress: Callable[[str], None], argv: list[str] | None = None,
-                       isolate: bool = False, after_run: AfterRun | None = None) -> Outcome:
+                       isolate: bool = False, after_run: AfterRun | None = None,
+                       on_engine: Callable[[SoakEngine], None] | None = None) -> Outcome:
     """Start a server, wait until it serves, soak it, and always stop it (no orphan)."""
     relay = ServerLogRelay(bus)
     bus.subscribe(relay.on_event)
@@ -95,7 +99,7 @@ async def run_launched(scenario: Scenario, *, argv_cmd: list[str], url: str, env
         target = Target(url=url, engine=engine, launch_command=server.command_line,
                         env_of_interest=env_of_interest, facts=facts, exited=server.exited)
         return await run_soak(scenario, target, bus=bus, record=record, listeners=listeners, argv=argv,
-                              isolate=isolate, after_run=after_run)
+                              isolate=isolate, after_run=after_run, on_engine=on_engine)
     finally:
         await server.stop()
 
@@ -103,7 +107,8 @@ async def run_launched(scenario: Scenario, *, argv_cmd: list[str], url: str, env
 async def run_embedded(scenario: Scenario, engine: str, model: str, *, bus: EventBus, record: Path | None,
                        listeners: list[Listener], progress: Callable[[str], None],
                        argv: list[str] | None = None, isolate: bool = False,
-                       after_run: AfterRun | None = None) -> Outcome:
+                       after_run: AfterRun | None = None,
+                       on_engine: Callable[[SoakEngine], None] | None = None) -> Outcome:
     from .engines import launch_spec    # the embedded engines are only needed here
 
     spec = launch_spec(engine, port=free_port(), model=model)
@@ -111,4 +116,4 @@ async def run_embedded(scenario: Scenario, engine: str, model: str, *, bus: Even
                               env_of_interest=spec.env_of_interest, facts=spec.facts,
                               startup_timeout=spec.startup_timeout, bus=bus, record=record,
                               listeners=listeners, progress=progress, argv=argv, isolate=isolate,
-                              after_run=after_run)
+                              after_run=after_run, on_engine=on_engine)

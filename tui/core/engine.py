@@ -68,6 +68,8 @@ class SoakEngine:
         self.isolate_findings = isolate
         self.findings: list[Finding] = []
         self.requester: Requester | None = None
+        self.gate = asyncio.Event()      # cleared: the soak pauses before its next request
+        self.gate.set()
 
     def emit(self, event: Event) -> Event:
         if isinstance(event, Finding):

@@ -37,6 +37,8 @@ class IsolationResult:
 def _is_bad(kind: str, original: Record, finding: Finding, record: Record) -> bool:
     """Does this re-send show the same problem the finding describes?"""
     found = record.checks
+    if kind == "any":                    # a request isolated from its slot, with no finding on it
+        return bool(hit_path_problems(found)) or any(f["groups"] >= 2 for f in found.get("foreign", []))
     if kind == "foreign_code":           # any other memo's code: the same phenomenon, maybe another victim
         return any(f["groups"] >= 2 for f in found.get("foreign", []))
     if kind == "wrong_task":

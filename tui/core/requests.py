@@ -225,6 +225,8 @@ class Requester:
                    slot: int | None = None, round: int | None = None, turn: int | None = None,
                    expect: str = "any", arm: str = "main", of_request: int | None = None,
                    judges: Iterable[str] = ALL_JUDGES) -> Record:
+        if arm != "isolation":               # isolation re-runs go alone while the soak waits
+            await self.engine.gate.wait()
         self._next_request += 1
         index = self._next_request
         emit = self.engine.emit

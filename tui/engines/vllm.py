@@ -108,6 +108,9 @@ def launch_spec(*, port: int, model: str) -> EngineLaunch:
         "--enable-prefix-caching", "--enable-prompt-tokens-details",
         "--max-model-len", "16384",
         "--enforce-eager",  # compiled mode starts in 85-140 s and recompiles every start
+        # Without native bf16 (AVX2-only CPUs, like these EPYCs) vLLM falls back to a slow
+        # torch matmul: float32 measured 5x faster prefill (2,052 tokens: 9.6 s vs 49.7 s), same output.
+        "--dtype", "float32",
         "--chat-template", str(CHAT_TEMPLATE),
         # (no --disable-log-requests: 0.32 rejects it; request logging is off by default there)
     ]
@@ -116,7 +119,7 @@ def launch_spec(*, port: int, model: str) -> EngineLaunch:
         "torch": info.get("torch"),
         "model_path": hf_dir,
         "gguf": info[model]["gguf"],
-        "quantization": "gguf q4_k_m dequantized to bf16",
+        "quantization": "gguf q4_k_m dequantized (bf16 folder), served as float32",
         "max_model_len": 16384,
         "chat_template": str(CHAT_TEMPLATE),
     }

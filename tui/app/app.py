@@ -1,0 +1,257 @@
+"""The hitproof Textual app: the same event stream as headless, drawn at a capped frame rate."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Protocol
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Footer, Log, Static
+
+from ..core import events as ev
+from ..core.errors import EXIT_INTERRUPTED
+from .model import RunModel
+from .screens import IsolationProgress, RequestDetail
+from .widgets import FindingsTable, MetricsStrip, PhaseList, SlotGrid, SlotPanel
+
+FRAME_RATE = 12          # frames per second at most; events are folded in between frames
+
+
+class Source(Protocol):
+    """Where events come from: a live soak or a log. It calls app.feed(event) for each one."""
+
+    live: bool
+
+    async def run(self, app: "HitproofApp") -> int | None: ...           # the exit code when known
+
+    async def isolate(self, request: int, kind: str | None) -> bool: ...  # False: not possible here
+
+    def set_paused(self, paused: bool) -> None: ...
+
+
+class HitproofApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "hitproof"
+    BINDINGS = [
+        Binding("q,ctrl+c", "quit_app", "quit"),
+        Binding("p", "pause", "pause"),
+        Binding("i", "isolate", "isolate"),
+        Binding("enter", "open_detail", "detail", show=True),
+        Binding("l", "toggle_log", "server log"),
+        Binding("c", "toggle_compact", "compact"),
+        Binding("s", "screenshot", "screenshot"),
+    ]
+
+    def __init__(self, source: Source, *, screenshot_dir: str | Path = "screenshots", frame_rate: float = FRAME_RATE):
+        super().__init__()
+        self.source = source
+        self.model = RunModel()
+        self.screenshot_dir = Path(screenshot_dir)
+        self.frame_rate = frame_rate
+        self._pending: list[ev.Event] = []
+        self._drawn_version = -1
+        self._log_shown = 0
+        self.paused = False
+        self.force_compact: bool | None = None
+        self.exit_code: int | None = None
+        self.frames = 0
+        self.status_line = ""
+
+    # --- layout -----------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="title")
+        with Horizontal(id="top"):
+            with Vertical(id="left"):
+                yield PhaseList(id="phases")
+                yield Static(id="totals")
+            yield SlotGrid(id="slots")
+        yield MetricsStrip(id="metrics")
+        yield FindingsTable(id="findings")
+        yield Log(id="server-log", max_lines=2000, classes="hidden")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.set_interval(1 / self.frame_rate, self.draw_frame)
+        self.source_worker = self.run_worker(self._run_source(), name="source", group="source", exit_on_error=False)
+        self.draw_frame()
+
+    async def _run_source(self) -> None:
+        code = await self.source.run(self)
+        if code is not None:
+            self.exit_code = code
+
+    # --- the stream -------------------------------------------------------------------------
+
+    def feed(self, event: ev.Event) -> None:
+        """The listener sources call. It only queues; the next frame folds and draws."""
+        self._pending.append(event)
+
+    def draw_frame(self) -> None:
+        if not self.is_running:
+            return
+        if self._pending:
+            pending, self._pending = self._pending, []
+            for event in pending:
+                self.model.apply(event)
+        if self.model.version == self._drawn_version:
+            return
+        self._drawn_version = self.model.version
+        self.frames += 1
+        model = self.model
+        grid = model.report.server.grid if model.report.server else 0
+        self.query_one("#title", Static).update(self._title())
+        self.query_one(PhaseList).show(model)
+        self.query_one("#totals", Static).update(self._totals())
+        self.query_one(SlotGrid).show(model, grid, self.force_compact)
+        self.query_one(MetricsStrip).show(model)
+        self.query_one(FindingsTable).show(model)
+        if model.server_log_total > self._log_shown:
+            log = self.query_one("#server-log", Log)
+            new = min(model.server_log_total - self._log_shown, len(model.server_log))
+            log.write_lines(list(model.server_log)[-new:])
+            self._log_shown = model.server_log_total
+
+    def _title(self) -> Text:
+        m = self.model
+        out = Text("hitproof ", style="bold")
+        if m.report.end is not None:
+            verdict = m.report.verdict
+            out.append(f" {verdict.upper()} exit {m.report.exit_code} ",
+                       style={"pass": "bold black on green", "fail": "bold white on red"}.get(
+                           verdict, "bold black on yellow"))
+        elif self.paused:
+            out.append(" PAUSED ", style="bold black on yellow")
+        else:
+            out.append(" RUNNING ", style="bold black on cyan")
+        out.append(f" {m.last_t:.1f}s")
+        if m.report.header:
+            out.append(f"  {m.report.header.scenario.get('name')}", style="bold")
+        server = m.report.server
+        if server:
+            out.append(f"  {server.dialect} {server.version or ''} {server.model} {server.url}", style="cyan")
+        elif m.report.header:
+            out.append(f"  {m.report.header.target.get('url') or ''}", style="cyan")
+        return out
+
+    def show_status(self, line: str) -> None:
+        """Start-up progress of a launched server (before the run's first event)."""
+        self.status_line = line[-300:]
+        self._drawn_version = -1
+
+    def _totals(self) -> Text:
+        t = self.model.totals()
+        if not self.model.events_seen and self.status_line:
+            return Text(self.status_line, style="cyan")
+        out = Text(f"{t['requests']} req {t['hits']} hits\n")
+        out.append(f"{t['fail']} fail", style="bold red" if t["fail"] else "grey50")
+        out.append(f" {t['warn']} warn", style="yellow" if t["warn"] else "grey50")
+        out.append(f" {t['info']} info", style="grey50")
+        if self.model.report.end is not None:
+            out.append(f"\n{self.model.report.end.message}", style="grey70")
+        return out
+
+    # --- selection and actions --------------------------------------------------------------
+
+    def selected_request(self) -> tuple[int | None, str | None]:
+        """The request under the cursor: a focused slot, else the highlighted finding."""
+        focused = self.focused
+        if isinstance(focused, SlotPanel):
+            return focused.request, None
+        table = self.query_one(FindingsTable)
+        if table.row_count and table.cursor_row is not None and table.cursor_row < len(self.model.findings):
+            finding = self.model.findings[table.cursor_row]
+            return finding.request, finding.kind
+        slots = self.model.slot_requests()
+        return (slots[0][1].request, None) if slots and slots[0][1] else (None, None)
+
+    def on_data_table_row_selected(self, message: DataTable.RowSelected) -> None:
+        self.action_open_detail()
+
+    def on_slot_panel_selected(self, message: SlotPanel.Selected) -> None:
+        if message.request is not None:
+            self.open_detail(message.request)
+
+    def action_open_detail(self) -> None:
+        request, _ = self.selected_request()
+        if request is not None:
+            self.open_detail(request)
+
+    def open_detail(self, request: int) -> None:
+        self.draw_frame()
+        if request in self.model.requests:
+            self.push_screen(RequestDetail(self.model, request))
+        else:
+            self.notify(f"request {request} is no longer kept in memory", severity="warning")
+
+    def action_isolate(self) -> None:
+        request, kind = self.selected_request()
+        if request is None:
+            self.notify("select a slot or a finding first", severity="warning")
+            return
+        self.isolate_request(request, kind)
+
+    def isolate_request(self, request: int, kind: str | None = None) -> None:
+        if kind is None:
+            kinds = [f.kind for f in self.model.findings if f.request == request and f.severity != "info"]
+            kind = kinds[0] if kinds else None
+        if self.model.active_isolation is not None:
+            self.notify("an isolation re-run is already in progress", severity="warning")
+            return
+
+        async def go() -> None:
+            possible = await self.source.isolate(request, kind)
+            if not possible:
+                self.notify("isolation needs a live server (this is a replay)", severity="warning")
+
+        self.push_screen(IsolationProgress(self.model, request))
+        self.run_worker(go(), group="isolation", exit_on_error=False)
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self.source.set_paused(self.paused)
+        self._drawn_version = -1
+        self.draw_frame()
+        self.notify("paused before the next request" if self.paused else "resumed")
+
+    def action_toggle_log(self) -> None:
+        self.query_one("#server-log").toggle_class("hidden")
+        self.query_one("#findings").toggle_class("hidden")
+
+    def action_toggle_compact(self) -> None:
+        current = self.query_one(SlotGrid).compact
+        self.force_compact = not current
+        self._drawn_version = -1
+        self.draw_frame()
+
+    def action_screenshot(self) -> None:
+        self.screenshot_dir.mkdir(parents=True, exist_ok=True)
+        path = self.save_screenshot(path=str(self.screenshot_dir))
+        self.notify(f"saved {path}")
+
+    async def action_quit_app(self) -> None:
+        if self.model.report.end is None and self.source.live:
+            self.source_worker.cancel()
+            try:
+                await asyncio.wait_for(self.source_worker.wait(), 60)
+            except Exception:
+                pass
+            self.exit_code = EXIT_INTERRUPTED
+        quit_event = getattr(self.source, "quit_requested", None)
+        if quit_event is not None:
+            quit_event.set()
+            try:
+                await asyncio.wait_for(self.source_worker.wait(), 60)
+            except Exception:
+                pass
+        code = self.exit_code if self.exit_code is not None else self.model.report.exit_code
+        self.exit(return_code=code)
+
+
+def build_app(source: Source, **options) -> HitproofApp:
+    """The one factory: the CLI and the tests build the app the same way."""
+    return HitproofApp(source, **options)

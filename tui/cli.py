@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="re-send every fail- or warn-class request alone (k hits, k cold) before finishing")
     run.add_argument("--verbose", action="store_true", help="also print info-level findings")
 
+    replay = sub.add_parser("replay", help="open a recorded soak log in the app (final state first, then play)")
+    replay.add_argument("log", metavar="LOG")
+
     report = sub.add_parser("report", help="summarize a recorded soak log")
     report.add_argument("log", metavar="LOG")
     report.add_argument("--format", choices=("text", "json"), default="text")
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, console, err, argv)
         if args.command == "report":
             return _report(args, console)
+        if args.command == "replay":
+            return _replay(args)
         if args.command == "refserver":
             from .refserver.cli import main as refserver_main
             return refserver_main(args)
@@ -167,6 +172,15 @@ def _run_app(start, record, err: Console) -> int:
     if record:
         err.print(f"log: {record}")
     return code
+
+
+def _replay(args) -> int:
+    from .app.app import build_app
+    from .app.replay import ReplaySource
+
+    app = build_app(ReplaySource(args.log))
+    app.run()
+    return 0
 
 
 def _report(args, console: Console) -> int:

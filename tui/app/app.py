@@ -39,6 +39,14 @@ class HitproofApp(App):
     BINDINGS = [
         Binding("q,ctrl+c", "quit_app", "quit"),
         Binding("p", "pause", "pause"),
+        Binding("space", "play", "play/pause"),
+        Binding("1", "speed('1')", "real time", show=False),
+        Binding("2", "speed('2')", "x10", show=False),
+        Binding("3", "speed('3')", "max", show=False),
+        Binding("n", "next_finding", "next finding"),
+        Binding("j", "next_phase", "next phase"),
+        Binding("home", "seek_start", "start", show=False, priority=True),
+        Binding("end", "seek_end", "end", show=False, priority=True),
         Binding("i", "isolate", "isolate"),
         Binding("enter", "open_detail", "detail", show=True),
         Binding("l", "toggle_log", "server log"),
@@ -60,6 +68,16 @@ class HitproofApp(App):
         self.exit_code: int | None = None
         self.frames = 0
         self.status_line = ""
+
+    LIVE_ONLY = {"pause", "isolate"}
+    REPLAY_ONLY = {"play", "speed", "next_finding", "next_phase", "seek_start", "seek_end"}
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action in self.LIVE_ONLY and not self.source.live:
+            return None if action == "pause" else True
+        if action in self.REPLAY_ONLY and self.source.live:
+            return None
+        return True
 
     # --- layout -----------------------------------------------------------------------------
 
@@ -91,6 +109,17 @@ class HitproofApp(App):
         """The listener sources call. It only queues; the next frame folds and draws."""
         self._pending.append(event)
 
+    def replace_model(self, model: RunModel) -> None:
+        """Swap in a model folded elsewhere (a replay jump); every widget redraws from it."""
+        self.model = model
+        self._pending.clear()
+        self._drawn_version = -1
+        self._log_shown = 0
+        self.query_one(FindingsTable).reset_rows()
+        self.query_one(SlotGrid).reset()
+        self.query_one("#server-log", Log).clear()
+        self.draw_frame()
+
     def draw_frame(self) -> None:
         if not self.is_running:
             return
@@ -98,7 +127,8 @@ class HitproofApp(App):
             pending, self._pending = self._pending, []
             for event in pending:
                 self.model.apply(event)
-        if self.model.version == self._drawn_version:
+        replay_status = getattr(self.source, "status", None)
+        if self.model.version == self._drawn_version and replay_status is None:
             return
         self._drawn_version = self.model.version
         self.frames += 1
@@ -119,6 +149,10 @@ class HitproofApp(App):
     def _title(self) -> Text:
         m = self.model
         out = Text("hitproof ", style="bold")
+        replay_status = getattr(self.source, "status", None)
+        if replay_status is not None:
+            out.append(f" {replay_status()} ", style="bold black on magenta")
+            out.append(" ")
         if m.report.end is not None:
             verdict = m.report.verdict
             out.append(f" {verdict.upper()} exit {m.report.exit_code} ",
@@ -232,6 +266,24 @@ class HitproofApp(App):
         self.screenshot_dir.mkdir(parents=True, exist_ok=True)
         path = self.save_screenshot(path=str(self.screenshot_dir))
         self.notify(f"saved {path}")
+
+    def action_play(self) -> None:
+        self.source.toggle()
+
+    def action_speed(self, key: str) -> None:
+        self.source.set_speed(key)
+
+    def action_next_finding(self) -> None:
+        self.source.next_mark("finding")
+
+    def action_next_phase(self) -> None:
+        self.source.next_mark("phase_start")
+
+    def action_seek_start(self) -> None:
+        self.source.seek(0)
+
+    def action_seek_end(self) -> None:
+        self.source.seek(len(self.source.index))
 
     async def action_quit_app(self) -> None:
         if self.model.report.end is None and self.source.live:

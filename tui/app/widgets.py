@@ -58,10 +58,15 @@ class SlotGrid(VerticalScroll):
         self._slots: tuple[int, ...] = ()
         self._inner: Grid | None = None
 
+    def reset(self) -> None:
+        self._slots = ()
+        self._inner = None
+        self.remove_children()
+
     def show(self, model: RunModel, grid: int, force_compact: bool | None) -> None:
         slots = tuple(sorted(model.slots))
         compact = force_compact if force_compact is not None else len(slots) > 8
-        if slots != self._slots or compact != self.compact:
+        if slots != self._slots or compact != self.compact or self._inner is None:
             self._slots, self.compact = slots, compact
             self.remove_children()
             inner = Grid(*[SlotPanel(s, classes="slot") for s in slots], classes="slot-inner")
@@ -83,7 +88,13 @@ class FindingsTable(DataTable):
         self.add_columns("sev", "kind", "phase", "slot", "rnd", "req", "offset", "detail")
         self._shown = 0
 
+    def reset_rows(self) -> None:
+        self.clear()
+        self._shown = 0
+
     def show(self, model: RunModel) -> None:
+        if len(model.findings) < self._shown:
+            self.reset_rows()
         for index in range(self._shown, len(model.findings)):
             f = model.findings[index]
             self.add_row(Text(f.severity.upper(), style=SEVERITY_STYLE.get(f.severity, "")), f.kind, f.phase,

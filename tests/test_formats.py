@@ -10,7 +10,8 @@ import pytest
 from tui.core.engine import Target
 from tui.core.events import (EventBus, Finding, IsolationFinished, PhaseFinished, PhaseStarted, RequestFinished,
                              RequestStarted, RunFinished, RunHeader, ServerInfo)
-from tui.core.formats import to_junit, to_markdown, to_text
+from tui.core.formats import to_junit, to_markdown
+from tui.headless import report_text as to_text
 from tui.core.power import power_json, power_line
 from tui.core.recorder import read_log
 from tui.core.report import RunReport

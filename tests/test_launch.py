@@ -147,3 +147,115 @@ async def test_missing_binary():
 def test_free_port():
     port = free_port()
     assert 1024 <= port <= 65535
+
+
+# -- tui.engines: setup machinery and launch specs (no real install) ----------------
+
+import json  # noqa: E402
+import threading  # noqa: E402
+
+from tui import engines  # noqa: E402
+from tui.engines.common import Setup, Step  # noqa: E402
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HITPROOF_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_cache_dir_follows_env(cache, monkeypatch):
+    assert engines.cache_dir() == cache
+    monkeypatch.delenv("HITPROOF_CACHE")
+    assert engines.cache_dir().name == "hitproof"
+
+
+def test_unknown_engine_and_missing_setup(cache):
+    with pytest.raises(engines.SetupError, match="unknown engine 'nope'"):
+        engines.prepare("nope")
+    for engine in engines.ENGINES:
+        with pytest.raises(engines.SetupError, match=rf"run prepare\('{engine}'\) first"):
+            engines.launch_spec(engine, port=1234)
+
+
+def test_steps_run_once_fail_cleanly_and_cascade(cache):
+    said, ran = [], []
+    fail = {"on": True}
+
+    def flaky():
+        ran.append("b")
+        code = f"print('Collecting thing'); print('noise'); print('ERROR: no such package'); exit({int(fail['on'])})"
+        setup.run("step b", [sys.executable, "-c", code])
+
+    steps = [Step("step a", "k1", lambda: ran.append("a")), Step("step b", "k1", flaky)]
+    with Setup("fake", said.append) as setup:
+        with pytest.raises(engines.SetupError) as err:
+            setup.steps(steps)
+    log = cache / "logs" / "setup-fake.log"
+    assert str(err.value) == f"step b failed: ERROR: no such package; full log: {log}"
+    assert "noise" in log.read_text()  # everything is logged...
+    assert "[fake]   Collecting thing" in said and not any("noise" in s for s in said)  # ...pip highlights shown
+    assert ran == ["a", "b"]
+
+    fail["on"] = False
+    with Setup("fake", said.append) as setup:
+        setup.steps(steps)  # a done, b redone
+    assert ran == ["a", "b", "b"]
+    assert any(s.startswith("[fake] step b: done in ") for s in said)
+
+    with Setup("fake", said.append) as setup:
+        setup.steps(steps)  # all done: nothing runs
+    assert ran == ["a", "b", "b"]
+
+    steps[0] = Step("step a", "k2", lambda: ran.append("a"))  # recipe changed: a and everything after
+    with Setup("fake", said.append) as setup:
+        setup.steps(steps)
+    assert ran == ["a", "b", "b", "a", "b"]
+
+
+def test_setup_lock_serialises_processes(cache):
+    said = []
+    with Setup("fake", said.append):
+        entered = threading.Event()
+
+        def other():
+            with Setup("fake", said.append):
+                entered.set()
+
+        t = threading.Thread(target=other)
+        t.start()
+        time.sleep(0.5)
+        assert not entered.is_set()
+    t.join(5)
+    assert entered.is_set()
+    assert "[fake] another hitproof process is setting up fake; waiting for it" in said
+
+
+def test_launch_specs_from_recorded_setup(cache):
+    hf = cache / "models" / "gemma3-270m-hf"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text("{}")
+    gguf = cache / "models" / "gemma-3-270m-q4_k_m.gguf"
+    gguf.write_bytes(b"GGUF")
+    (cache / "vllm").mkdir()
+    (cache / "vllm" / "info.json").write_text(json.dumps(
+        {"engine_version": "0.32.0", "gemma3-270m": {"model_path": str(hf), "gguf": str(gguf)}}))
+    (cache / "llamacpp").mkdir()
+    (cache / "llamacpp" / "info.json").write_text(json.dumps(
+        {"binary": "/bin/true", "engine_version": "x", "gemma3-270m": {"gguf": str(gguf)}}))
+
+    v = engines.launch_spec("vllm", port=8001)
+    assert v.url == "http://127.0.0.1:8001" and v.model == "gemma3-270m"
+    assert v.argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    for flag in ("--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager"):
+        assert flag in v.argv
+    assert v.argv[v.argv.index("--chat-template") + 1].endswith("gemma_chat.jinja")
+    assert v.env_of_interest["TMPDIR"] == str(cache / "tmp") and (cache / "tmp").is_dir()
+    assert v.env["VLLM_CPU_KVCACHE_SPACE"] == "2" and "PATH" in v.env
+    assert v.facts["engine_version"] == "0.32.0"
+
+    ll = engines.launch_spec("llamacpp", port=8002)
+    assert ll.argv[:3] == ["/bin/true", "-m", str(gguf)]
+    assert ll.argv[ll.argv.index("-c") + 1] == "65536" and ll.argv[ll.argv.index("--parallel") + 1] == "4"
+    assert "--metrics" in ll.argv and ll.env_of_interest == {}
+    assert ll.facts["context_per_slot"] == 16384

@@ -46,11 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="summarize a recorded soak log")
     report.add_argument("log", metavar="LOG")
-    report.add_argument("--format", choices=("text", "json"), default="text")
+    report.add_argument("--format", choices=("text", "markdown", "json", "junit"), default="text")
+    report.add_argument("--output", metavar="FILE", help="write the report to FILE instead of standard output")
 
     refserver = sub.add_parser("refserver", help="the reference fault server (an OpenAI-compatible test server)")
     from .refserver.cli import configure
     configure(refserver)
+
+    size = sub.add_parser("size", help="how many rotation rounds catch a given fault rate with a given probability")
+    size.add_argument("--fault-rate", type=float, default=0.01, help="per-hit fault rate to catch (default 0.01)")
+    size.add_argument("--probability", type=float, default=0.95, help="probability of catching it (default 0.95)")
+    size.add_argument("--slots", type=int, default=4, help="rotation slots (default 4)")
 
     setup = sub.add_parser("setup", help="install an embedded real engine and its model (cached)")
     setup.add_argument("--engine", choices=ENGINES + ("all",), default="vllm")
@@ -76,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             return refserver_main(args)
         if args.command == "setup":
             return _setup(args, err)
+        if args.command == "size":
+            return _size(args, console)
     except HitproofError as exc:
         err.print(f"hitproof: error: {exc}", style="red", markup=False)
         return exc.exit_code
@@ -84,6 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     parser.error(f"unknown command {args.command}")
     return EXIT_BAD_INPUT
+
+
+def _size(args, console: Console) -> int:
+    from .core.power import sizing_sentence
+
+    if not 0 < args.fault_rate < 1 or not 0 < args.probability < 1 or args.slots < 2:
+        raise HitproofError("--fault-rate and --probability must be between 0 and 1, --slots at least 2")
+    console.print(sizing_sentence(args.fault_rate, args.probability, args.slots))
+    return 0
 
 
 def _setup(args, err: Console) -> int:
@@ -103,6 +120,7 @@ def _setup(args, err: Console) -> int:
 def _run(args, console: Console, err: Console, argv: list[str]) -> int:
     from .core.events import EventBus
     from .core.report import RunReport
+    from .core.power import power_line
     from .headless import HeadlessConsole, summary_renderable
     from .runner import default_log_path, run_embedded, run_soak
     from .core.engine import Target
@@ -150,6 +168,7 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
         headless.stop()
     if report.phases or report.end:
         console.print(summary_renderable(report, show_info=args.verbose))
+        console.print(power_line(report), style="grey62")
     if outcome.verdict == "error":
         err.print(f"hitproof: error: {outcome.message}", style="red", markup=False)
     if record:
@@ -184,16 +203,31 @@ def _replay(args) -> int:
 
 
 def _report(args, console: Console) -> int:
+    from .core.formats import to_junit, to_markdown
+    from .core.power import power_json
     from .core.recorder import read_log
     from .core.report import RunReport
-    from .headless import summary_renderable
+    from .headless import report_text
 
     contents = read_log(args.log)
     report = RunReport.from_events(contents.events, warning=contents.warning)
     if args.format == "json":
-        print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+        data = report.to_json()
+        data["power"] = power_json(report)
+        text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    elif args.format == "markdown":
+        text = to_markdown(report)
+    elif args.format == "junit":
+        text = to_junit(report)
     else:
-        console.print(summary_renderable(report))
+        text = report_text(report)
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise HitproofError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
     if contents.warning:
         Console(stderr=True).print(f"hitproof: warning: {contents.warning}", style="yellow", markup=False)
     return 0

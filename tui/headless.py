@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import re
+
 from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -9,6 +12,8 @@ from rich.text import Text
 
 from .core.events import (Event, Finding, IsolationFinished, IsolationStarted, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted,
                           RunFinished, ServerInfo, ServerLog)
+from .core.formats import _kv, _sampling, _settings
+from .core.power import power_line
 from .core.report import RunReport
 
 SEVERITY_STYLE = {"fail": "bold red", "warn": "yellow", "info": "dim"}
@@ -134,3 +139,27 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
 
 def _num(value) -> str:
     return "" if value is None else f"{value:,.0f}"
+
+
+# --- text ----------------------------------------------------------------------------------
+
+def report_text(report: RunReport) -> str:
+    """What `hitproof report --format text` prints: the console summary without colour, plus power."""
+    out = io.StringIO()
+    console = Console(file=out, width=120, color_system=None, force_terminal=False, highlight=False,
+                      emoji=False, markup=False)
+    server, header = report.server, report.header
+    if server is not None:
+        launch = (header.target.get("launch_command") if header else None) or "attached"
+        console.print(Text(f"server {server.url}: {server.dialect} {server.version or 'version unknown'}, model "
+                           f"{server.model}, grid {server.grid} tokens ({server.grid_source}), launch: {launch}"))
+    if header is not None:
+        console.print(Text(f"run {header.run_id} at {header.started_at}, scenario "
+                           f"{header.scenario.get('name')}, seed {_settings(report).get('seed')}, sampling "
+                           f"{_kv(_sampling(report)) or 'default'}"))
+    console.print(summary_renderable(report))
+    console.print(Text(power_line(report)))
+    return _ANSI.sub("", out.getvalue())
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -90,35 +90,6 @@ def _determinism_line(report: RunReport) -> str | None:
             f"{off(d.get('short_control'))})")
 
 
-# --- text ----------------------------------------------------------------------------------
-
-def to_text(report: RunReport) -> str:
-    """What `hitproof report --format text` prints: the console summary without colour, plus power."""
-    from rich.console import Console
-    from rich.text import Text
-
-    from ..headless import summary_renderable
-
-    out = io.StringIO()
-    console = Console(file=out, width=120, color_system=None, force_terminal=False, highlight=False,
-                      emoji=False, markup=False)
-    server, header = report.server, report.header
-    if server is not None:
-        launch = (header.target.get("launch_command") if header else None) or "attached"
-        console.print(Text(f"server {server.url}: {server.dialect} {server.version or 'version unknown'}, model "
-                           f"{server.model}, grid {server.grid} tokens ({server.grid_source}), launch: {launch}"))
-    if header is not None:
-        console.print(Text(f"run {header.run_id} at {header.started_at}, scenario "
-                           f"{header.scenario.get('name')}, seed {_settings(report).get('seed')}, sampling "
-                           f"{_kv(_sampling(report)) or 'default'}"))
-    console.print(summary_renderable(report))
-    console.print(Text(power_line(report)))
-    return _ANSI.sub("", out.getvalue())
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
 # --- markdown ------------------------------------------------------------------------------
 
 def _md(value: Any) -> str:

@@ -104,3 +104,37 @@ async def test_unreachable_server():
     with pytest.raises(ServerProblem, match="cannot reach"):
         await c.get("/v1/models")
     await c.aclose()
+
+
+async def test_a_closed_keepalive_connection_is_retried_once():
+    calls = []
+
+    def handler(request):
+        calls.append(1)
+        if len(calls) == 1:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return httpx.Response(200, stream=Chunks([sse(text_chunk("ok", "stop"))]))
+
+    c = OpenAIClient("http://test")
+    c._http = httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(handler))
+    result = await c.stream(RequestSpec(api="completions", prompt="p", max_tokens=1))
+    assert result.text == "ok" and len(calls) == 2
+
+
+async def test_a_stream_cut_after_bytes_is_not_retried():
+    class Cut(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            yield b'data: {"choices": [{"text": "a"}]}\n\n'
+            raise httpx.RemoteProtocolError("peer closed connection")
+
+    calls = []
+
+    def handler(request):
+        calls.append(1)
+        return httpx.Response(200, stream=Cut())
+
+    c = OpenAIClient("http://test")
+    c._http = httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(handler))
+    with pytest.raises(StreamError, match="broke"):
+        await c.stream(RequestSpec(api="completions", prompt="p", max_tokens=1))
+    assert len(calls) == 1

@@ -205,12 +205,13 @@ def _replay(args) -> int:
 def _report(args, console: Console) -> int:
     from .core.formats import to_junit, to_markdown
     from .core.power import power_json
-    from .core.recorder import read_log
+    from .core.recorder import iter_log
     from .core.report import RunReport
     from .headless import report_text
 
-    contents = read_log(args.log)
-    report = RunReport.from_events(contents.events, warning=contents.warning)
+    warnings: list[str] = []
+    report = RunReport.from_events(iter_log(args.log, warnings, skip_deltas=True))
+    report.warning = warnings[0] if warnings else None
     if args.format == "json":
         data = report.to_json()
         data["power"] = power_json(report)
@@ -228,8 +229,8 @@ def _report(args, console: Console) -> int:
             raise HitproofError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    if contents.warning:
-        Console(stderr=True).print(f"hitproof: warning: {contents.warning}", style="yellow", markup=False)
+    if report.warning:
+        Console(stderr=True).print(f"hitproof: warning: {report.warning}", style="yellow", markup=False)
     return 0
 
 

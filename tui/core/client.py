@@ -56,6 +56,10 @@ class StreamError(ServerProblem):
     """A broken stream: malformed chunk, error event, or a connection cut mid-answer."""
 
 
+class _Unanswered(Exception):
+    """The connection closed before any response: the request was never served."""
+
+
 def _cached_tokens(usage: dict | None, timings: dict | None) -> int | None:
     if usage:
         details = usage.get("prompt_tokens_details") or {}
@@ -146,13 +150,23 @@ class OpenAIClient:
         return body
 
     async def stream(self, spec: RequestSpec, on_text: Callable[[str], None] | None = None) -> Completion:
+        try:
+            return await self._stream(spec, on_text)
+        except _Unanswered:
+            # A kept-alive connection the server had already closed (llama-server closes idle
+            # ones after 5 s): nothing was sent back, so the request never ran. Send it once more.
+            return await self._stream(spec, on_text)
+
+    async def _stream(self, spec: RequestSpec, on_text: Callable[[str], None] | None = None) -> Completion:
         path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
         result = Completion()
         chat = spec.api == "chat"
         started = time.perf_counter_ns()
         buffer = b""
+        answered = False
         try:
             async with self._http.stream("POST", path, json=self.body(spec)) as response:
+                answered = True
                 if response.status_code >= 400:
                     detail = (await response.aread()).decode("utf-8", "replace")
                     raise ServerProblem(f"HTTP {response.status_code} from {path}: {_error_text(detail)}")
@@ -175,6 +189,10 @@ class OpenAIClient:
                             result.text += text
                             if on_text is not None:
                                 on_text(text)
+        except httpx.RemoteProtocolError as exc:
+            if result.first_byte_s is None and not answered:
+                raise _Unanswered() from None
+            raise StreamError(f"stream from {path} broke: {_describe(exc)}") from None
         except httpx.HTTPError as exc:
             raise StreamError(f"stream from {path} broke: {_describe(exc)}") from None
         if buffer.strip().startswith(b"data:") and buffer.strip()[5:].strip() != b"[DONE]":

@@ -23,11 +23,12 @@ SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 CACHE_CONFIG = "vllm:cache_config_info"
 LLAMA_PROMPT_TOKENS = "llamacpp:prompt_tokens_total"
 LLAMA_PREDICTED = "llamacpp:tokens_predicted_total"
+LLAMA_CACHED = "llamacpp:prompt_tokens_cached_total"
 LLAMA_PROCESSING = "llamacpp:requests_processing"
 LLAMA_DEFERRED = "llamacpp:requests_deferred"
 
 COUNTERS = (PREFIX_QUERIES, PREFIX_HITS, PREEMPTIONS, SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED,
-            LLAMA_PROMPT_TOKENS, LLAMA_PREDICTED)
+            LLAMA_PROMPT_TOKENS, LLAMA_PREDICTED, LLAMA_CACHED)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,15 @@ def delta(before: MetricSnapshot | None, after: MetricSnapshot | None, name: str
     if a is None or b is None:
         return None
     return b - a
+
+
+def cached_tokens_delta(before: MetricSnapshot | None, after: MetricSnapshot | None) -> float | None:
+    """Prompt tokens served from the prefix cache over an interval, by whichever name the server uses."""
+    for name in (PREFIX_HITS, LLAMA_CACHED):
+        value = delta(before, after, name)
+        if value is not None:
+            return value
+    return None
 
 
 def acceptance_length(before: MetricSnapshot | None, after: MetricSnapshot | None) -> float | None:

@@ -72,8 +72,9 @@ class LogContents:
         return first if isinstance(first, RunHeader) else None
 
 
-def iter_log(path: str | Path, warnings: list[str] | None = None) -> Iterator[Event]:
-    """Events of a log, in order. A bad line stops the read with a warning (a crash mid-write)."""
+def iter_log(path: str | Path, warnings: list[str] | None = None, skip_deltas: bool = False) -> Iterator[Event]:
+    """Events of a log, in order. A bad line stops the read with a warning (a crash mid-write).
+    `skip_deltas` leaves out answer deltas (their text is repeated in request_end) unparsed."""
     path = Path(path)
     try:
         handle = open(path, "rb")
@@ -81,7 +82,7 @@ def iter_log(path: str | Path, warnings: list[str] | None = None) -> Iterator[Ev
         raise BadInput(f"cannot open log {path}: {exc.strerror or exc}") from None
     with handle:
         for number, line in enumerate(handle, start=1):
-            if not line.strip():
+            if not line.strip() or (skip_deltas and line.startswith(b'{"type":"delta"')):
                 continue
             try:
                 event = decode(line)
@@ -99,9 +100,9 @@ def iter_log(path: str | Path, warnings: list[str] | None = None) -> Iterator[Ev
             yield event
 
 
-def read_log(path: str | Path) -> LogContents:
+def read_log(path: str | Path, skip_deltas: bool = False) -> LogContents:
     warnings: list[str] = []
-    events = list(iter_log(path, warnings))
+    events = list(iter_log(path, warnings, skip_deltas=skip_deltas))
     if not events:
         raise BadInput(f"{path}: empty log")
     return LogContents(events=events, warning=warnings[0] if warnings else None)

@@ -22,7 +22,7 @@ from .events import (AnswerDelta, Finding, MemoPlanted, RequestFinished, Request
 from .evidence import (DETERMINISM_QUESTION, RECALL_QUESTION, SUMMARY_QUESTION, CodeOwner, determinism_suffix,
                        recall_suffix, summary_suffix)
 from .memos import Memo, build_memo, filler_text
-from .metrics import PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, MetricSnapshot, delta
+from .metrics import PREEMPTIONS, PREFIX_QUERIES, MetricSnapshot, cached_tokens_delta, delta
 from .tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class PhaseState:
         warm = [r.completion.ttft_s for r in self.records if r.hit and r.completion.ttft_s]
         reported = [r.cached for r in every]
         reported_sum = sum(reported) if reported and None not in reported else None
-        metric_hits = delta(self.metrics_before, self.metrics_after, PREFIX_HITS)
+        metric_hits = cached_tokens_delta(self.metrics_before, self.metrics_after)
         summary = {
             "requests": len(self.records),
             "control_requests": len(self.controls),

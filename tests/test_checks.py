@@ -103,9 +103,15 @@ def test_determinism_cache_path_divergence():
     assert (d.kind, d.hit_vs_cold, d.hit_vs_hit, d.cold_vs_cold) == ("cache_path_divergence", 2, None, None)
 
 
+def test_determinism_hits_that_disagree_with_a_reproducible_cold_path_are_red():
+    d = classify_determinism("abcdef", ["abcXef", "abcdeY"], "abcdef", ["s", "s"])
+    assert (d.kind, d.hit_vs_cold, d.hit_vs_hit, d.cold_vs_cold) == ("cache_path_divergence", 3, 3, None)
+
+
 def test_determinism_kernel_nondeterminism_shows_both_offsets():
-    d = classify_determinism("abcdef", ["abcXef", "abcdeY"], "abcdef", ["s", "t"])
-    assert (d.kind, d.hit_vs_cold, d.hit_vs_hit, d.short_control) == ("kernel_nondeterminism", 3, 3, 0)
+    d = classify_determinism("abcdef", ["abcXef", "abcdeY"], "abcdeZ", ["s", "t"])
+    assert (d.kind, d.hit_vs_cold, d.hit_vs_hit, d.cold_vs_cold, d.short_control) == \
+        ("kernel_nondeterminism", 3, 3, 5, 0)
     d = classify_determinism("abcdef", ["abcdef", "abcdef"], "abZdef", ["s", "s"])
     assert (d.kind, d.cold_vs_cold) == ("kernel_nondeterminism", 2)
 

@@ -140,9 +140,15 @@ class Determinism:
 
 
 def classify_determinism(cold: str, hits: list[str], cold_again: str, short_runs: list[str]) -> Determinism:
-    """hit != cold while hit == hit and cold == cold: the cache path diverges (red).
-    hit != hit or cold != cold: the kernel is nondeterministic (informational)."""
-    hit_vs_cold = first_divergence(cold, hits[0]) if hits else None
+    """Greedy outputs cold, on hits, and cold again under a fresh salt.
+
+    The cold path reproducing itself (cold == cold again) while a hit differs from it is the
+    cache path diverging (red), whether or not the hits agree with each other: a restore that
+    varies is as wrong as one that is stably wrong. The cold path disagreeing with itself is
+    kernel nondeterminism (informational): then hit vs cold tells nothing about the cache.
+    """
+    divergences = [d for d in (first_divergence(cold, hit) for hit in hits) if d is not None]
+    hit_vs_cold = min(divergences) if divergences else None
     hit_vs_hit = None
     for other in hits[1:]:
         hit_vs_hit = first_divergence(hits[0], other)
@@ -154,8 +160,10 @@ def classify_determinism(cold: str, hits: list[str], cold_again: str, short_runs
         short = first_divergence(short_runs[0], other)
         if short is not None:
             break
-    if hit_vs_hit is None and cold_vs_cold is None:
-        kind = "identical" if hit_vs_cold is None else "cache_path_divergence"
-    else:
+    if cold_vs_cold is not None:
         kind = "kernel_nondeterminism"
+    elif hit_vs_cold is None and hit_vs_hit is None:
+        kind = "identical"
+    else:
+        kind = "cache_path_divergence"
     return Determinism(kind, hit_vs_cold, hit_vs_hit, cold_vs_cold, short)

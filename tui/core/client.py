@@ -90,11 +90,20 @@ class OpenAIClient:
 
     # --- plain endpoints -----------------------------------------------------------
 
+    async def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        """One plain request; a kept-alive connection the server already closed is retried once."""
+        for attempt in (1, 2):
+            try:
+                return await self._http.request(method, path, **kwargs)
+            except httpx.RemoteProtocolError as exc:
+                if attempt == 2:
+                    raise ServerProblem(f"cannot reach {self.base_url}{path}: {_describe(exc)}") from None
+            except httpx.HTTPError as exc:
+                raise ServerProblem(f"cannot reach {self.base_url}{path}: {_describe(exc)}") from None
+        raise AssertionError("unreachable")
+
     async def get(self, path: str, timeout: float = 10.0) -> httpx.Response:
-        try:
-            return await self._http.get(path, timeout=timeout)
-        except httpx.HTTPError as exc:
-            raise ServerProblem(f"cannot reach {self.base_url}{path}: {_describe(exc)}") from None
+        return await self._request("GET", path, timeout=timeout)
 
     async def get_json(self, path: str) -> Any | None:
         """JSON body of a GET, or None when the endpoint is absent or not JSON."""
@@ -112,10 +121,7 @@ class OpenAIClient:
         if self.dialect == "llamacpp":
             attempts.reverse()
         for body in attempts:
-            try:
-                response = await self._http.post("/tokenize", json=body, timeout=60.0)
-            except httpx.HTTPError as exc:
-                raise ServerProblem(f"cannot reach {self.base_url}/tokenize: {_describe(exc)}") from None
+            response = await self._request("POST", "/tokenize", json=body, timeout=60.0)
             if response.status_code == 200:
                 data = response.json()
                 if isinstance(data.get("count"), int):

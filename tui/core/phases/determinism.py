@@ -1,7 +1,7 @@
 """Phase 6: greedy summaries cold, hit, hit, and cold again under a fresh salt; plus a short control.
 
-hit != cold while hit == hit and cold == cold is the cache path diverging (red); hit != hit or
-cold != cold is kernel nondeterminism (informational). The short memo, always cold under
+The cold path reproducing itself while a hit differs from it is the cache path diverging (red);
+the cold path disagreeing with itself is kernel nondeterminism (informational). The short memo, always cold under
 fresh salts, shows whether the kernel is deterministic without any cache involved.
 """
 
@@ -20,15 +20,23 @@ async def run(rq, state) -> None:
     d = rq.scenario.determinism
     memo = getattr(rq, "long_memo", None) or await rq.memo(state, tokens=rq.scenario.evidence.memo_tokens,
                                                            tag="det")
-    salt = rq.fresh_salt()
     judges = ("foreign",)
 
-    def spec(salt_: str):
+    def spec(salt_: str | None):
         return rq.question(memo.text, "determinism", max_tokens=d.max_tokens, salt=salt_)
 
-    cold = await rq.send(state, spec(salt), task="determinism", memo=memo, expect="cold", judges=judges)
-    hits = [await rq.send(state, spec(salt), task="determinism", memo=memo, expect="hit", judges=judges)
-            for _ in range(2)]
+    # Cold under a fresh salt; hits without one (they reuse the memo's unsalted blocks, which
+    # works on every dialect: llama.cpp has no salts and answers salted requests cold).
+    cold = await rq.send(state, spec(rq.fresh_salt()), task="determinism", memo=memo, expect="cold",
+                         judges=judges)
+    hits = []
+    for _ in range(3):
+        record = await rq.send(state, spec(None), task="determinism", memo=memo, expect="any", judges=judges)
+        if record.hit:
+            hits.append(record)
+        if len(hits) == 2:
+            break
+    state.expected_hits += 2
     cold_again = await rq.send(state, spec(rq.fresh_salt()), task="determinism", memo=memo, expect="cold",
                                judges=judges)
     short = await rq.memo(state, tokens=d.short_memo_tokens, with_code=False, tag="short")
@@ -36,9 +44,9 @@ async def run(rq, state) -> None:
                                                    salt=rq.fresh_salt()),
                                 task="determinism", memo=short, expect="cold", judges=judges)
                   for _ in range(d.short_runs)]
-    if not all(h.hit for h in hits):
+    if len(hits) < 2:
         state.mark_inconclusive("the determinism hits got no cache hit")
-        rq.finding(state, "no_hits", "warn", hits[0], detail="determinism: a repeat under the same salt "
+        rq.finding(state, "no_hits", "warn", state.records[-1], detail="determinism: repeats of the memo "
                    "reported 0 cached tokens")
         return
     verdict = classify_determinism(cold.text, [h.text for h in hits], cold_again.text, [r.text for r in short_runs])
@@ -50,7 +58,7 @@ async def run(rq, state) -> None:
     if verdict.kind == "cache_path_divergence":
         rq.finding(state, "cache_path_divergence", "fail", hits[0], offset=verdict.hit_vs_cold,
                    detail=f"greedy output on a hit differs from cold at character {verdict.hit_vs_cold} while "
-                          f"hits agree with each other and colds with each other ({offsets})",
+                          f"the cold path reproduces itself ({offsets})",
                    cold_request=cold.request, cold_again_request=cold_again.request)
     elif verdict.kind == "kernel_nondeterminism":
         offset = verdict.hit_vs_hit if verdict.hit_vs_hit is not None else verdict.cold_vs_cold

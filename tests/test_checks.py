@@ -126,3 +126,27 @@ def test_isolation_classification_counts():
     verdict, detail = classify("repetition", 4, 2, 2)
     assert verdict == "fluke" and "the model, not the cache" in detail
     assert classify("wrong_task", 4, 0, 0)[0] == "fluke"
+
+
+def test_compare_logprobs_near_tie_and_real_divergence():
+    from tui.core.checks import compare_logprobs
+    cold = [[" a", -0.1, [[" a", -0.1]]], [" b", -0.50, [[" b", -0.50], [" c", -0.52]]], [" d", -1.0, []]]
+    hit_tie = [[" a", -0.1004, []], [" c", -0.51, []], [" e", -1.0, []]]
+    cmp = compare_logprobs(cold, hit_tie)
+    assert (cmp.token, cmp.max_prefix_delta, cmp.margin) == (1, 0.0004, 0.02)
+    assert cmp.near_tie(0.05) and not cmp.near_tie(0.01)
+    hit_far = [[" a", -2.5, []], [" c", -0.51, []]]
+    assert not compare_logprobs(cold, hit_far).near_tie(0.05)          # the state before it differs
+    hit_unlisted = [[" a", -0.1, []], [" z", -0.2, []]]
+    cmp = compare_logprobs(cold, hit_unlisted)
+    assert cmp.margin is None and not cmp.near_tie(1.0)               # not even among cold's top-k
+    assert compare_logprobs(cold, cold).token is None
+
+
+def test_parse_logprobs_both_shapes():
+    from tui.core.client import parse_logprobs
+    content = {"content": [{"token": " the", "logprob": -1.59, "top_logprobs": [{"token": " the", "logprob": -1.59},
+                                                                              {"token": " a", "logprob": -2.29}]}]}
+    assert parse_logprobs(content) == [[" the", -1.59, [[" the", -1.59], [" a", -2.29]]]]
+    legacy = {"tokens": [" the"], "token_logprobs": [-1.59], "top_logprobs": [{" the": -1.59, " a": -2.29}]}
+    assert parse_logprobs(legacy) == [[" the", -1.59, [[" the", -1.59], [" a", -2.29]]]]

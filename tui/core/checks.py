@@ -167,3 +167,31 @@ def classify_determinism(cold: str, hits: list[str], cold_again: str, short_runs
     else:
         kind = "cache_path_divergence"
     return Determinism(kind, hit_vs_cold, hit_vs_hit, cold_vs_cold, short)
+
+
+@dataclass(frozen=True)
+class LogprobComparison:
+    token: int | None           # index of the first output token that differs (None: same tokens)
+    max_prefix_delta: float     # largest |logprob difference| over the tokens both paths share
+    margin: float | None        # at the first differing token: how far behind, on the first path,
+                                # the second path's token was (None: not among the first's top-k)
+
+    def near_tie(self, tolerance: float) -> bool:
+        """The paths agree to within `tolerance` until a near-tied choice flips: numerics, not state."""
+        return (self.max_prefix_delta <= tolerance and self.margin is not None
+                and self.margin <= tolerance)
+
+
+def compare_logprobs(a: list[list], b: list[list]) -> LogprobComparison:
+    """Compare two greedy runs token by token ([token, logprob, [[alt, logprob], ...]] each)."""
+    delta = 0.0
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x[0] != y[0]:
+            alternatives = {tok: lp for tok, lp in x[2] if lp is not None}
+            margin = None
+            if y[0] in alternatives and x[1] is not None:
+                margin = round(x[1] - alternatives[y[0]], 6)
+            return LogprobComparison(i, round(delta, 6), margin)
+        if x[1] is not None and y[1] is not None:
+            delta = max(delta, abs(x[1] - y[1]))
+    return LogprobComparison(None, round(delta, 6), None)

@@ -31,6 +31,7 @@ class RequestSpec:
     salt: str | None = None                   # a fresh salt forces a cold request
     stop: list[str] | None = None
     model: str = ""
+    logprobs: int | None = None               # top-k log-probabilities per output token
 
     def prompt_chars(self) -> int:
         if self.prompt is not None:
@@ -50,6 +51,8 @@ class Completion:
     total_s: float = 0.0
     chunks: int = 0
     raw_usage: dict[str, Any] = field(default_factory=dict)
+    # per output token: [token, logprob, [[alternative, logprob], ...]] when logprobs were asked for
+    logprobs: list[list] = field(default_factory=list)
 
 
 class StreamError(ServerProblem):
@@ -148,6 +151,12 @@ class OpenAIClient:
             body["seed"] = spec.seed
         if spec.stop:
             body["stop"] = spec.stop
+        if spec.logprobs:
+            if spec.api == "chat":
+                body["logprobs"] = True
+                body["top_logprobs"] = spec.logprobs
+            else:
+                body["logprobs"] = spec.logprobs
         if spec.salt is not None:
             if self.dialect == "llamacpp":
                 body["cache_prompt"] = False      # llama.cpp has no salt: refuse reuse instead
@@ -237,9 +246,29 @@ class OpenAIClient:
                 text += (choice.get("delta") or {}).get("content") or ""
             else:
                 text += choice.get("text") or ""
+            if choice.get("logprobs"):
+                result.logprobs.extend(parse_logprobs(choice["logprobs"]))
             if choice.get("finish_reason"):
                 result.finish_reason = choice["finish_reason"]
         return text
+
+
+def parse_logprobs(data: dict) -> list[list]:
+    """Both shapes servers use: OpenAI chat / llama.cpp (`content` entries with `top_logprobs`)
+    and legacy completions / vLLM (`tokens`, `token_logprobs`, `top_logprobs` dicts)."""
+    out = []
+    if isinstance(data.get("content"), list):
+        for entry in data["content"]:
+            top = [[alt.get("token", ""), alt.get("logprob")] for alt in entry.get("top_logprobs") or []]
+            out.append([entry.get("token", ""), entry.get("logprob"), top])
+        return out
+    tokens = data.get("tokens") or []
+    values = data.get("token_logprobs") or []
+    tops = data.get("top_logprobs") or []
+    for i, token in enumerate(tokens):
+        top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
+        out.append([token, values[i] if i < len(values) else None, [[k, v] for k, v in top.items()]])
+    return out
 
 
 def _describe(exc: Exception) -> str:

@@ -129,6 +129,7 @@ class RequestFinished(Event):
     finish_reason: str | None = None
     checks: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    logprobs: list[list] = field(default_factory=list)   # [token, logprob, [[alt, logprob], ...]] when asked
 
 
 @dataclass

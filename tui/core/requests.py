@@ -198,7 +198,7 @@ class Requester:
         return self._shared, True
 
     def question(self, context: str, kind: str, *, max_tokens: int | None = None,
-                 salt: str | None = None) -> RequestSpec:
+                 salt: str | None = None, logprobs: int | None = None) -> RequestSpec:
         """A question about `context`: completion-style for base models, one user turn for chat."""
         e = self.scenario.evidence
         suffix, chat_question, default_max = {
@@ -209,15 +209,15 @@ class Requester:
         max_tokens = max_tokens or default_max
         if self.scenario.api == "chat":
             return self.spec(messages=[{"role": "user", "content": f"{context}\n\n{chat_question}"}],
-                             max_tokens=max_tokens, salt=salt)
-        return self.spec(prompt=context + suffix, max_tokens=max_tokens, salt=salt)
+                             max_tokens=max_tokens, salt=salt, logprobs=logprobs)
+        return self.spec(prompt=context + suffix, max_tokens=max_tokens, salt=salt, logprobs=logprobs)
 
     def spec(self, *, prompt: str | None = None, messages: list | None = None, max_tokens: int,
-             salt: str | None = None, stop: list[str] | None = None) -> RequestSpec:
+             salt: str | None = None, stop: list[str] | None = None, logprobs: int | None = None) -> RequestSpec:
         s = self.scenario
         return RequestSpec(api="chat" if messages is not None else "completions", prompt=prompt,
                            messages=messages, max_tokens=max_tokens, temperature=s.sampling.temperature,
-                           seed=s.sampling.seed, salt=salt, stop=stop, model=self.server.model)
+                           seed=s.sampling.seed, salt=salt, stop=stop, model=self.server.model, logprobs=logprobs)
 
     # --- sending -----------------------------------------------------------------------------
 
@@ -259,7 +259,8 @@ class Requester:
                              prompt_tokens=completion.prompt_tokens, cached_tokens=completion.cached_tokens,
                              ttft=completion.ttft_s, total=completion.total_s,
                              output_tokens=completion.completion_tokens,
-                             finish_reason=completion.finish_reason, checks=found))
+                             finish_reason=completion.finish_reason, checks=found,
+                             logprobs=completion.logprobs))
         record = Record(index, state.name, task, spec, memo, slot, round, turn, completion, found)
         (state.records if arm == "main" else state.controls).append(record)
         self._remember(record)

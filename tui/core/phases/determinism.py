@@ -7,7 +7,7 @@ fresh salts, shows whether the kernel is deterministic without any cache involve
 
 from __future__ import annotations
 
-from ..checks import classify_determinism
+from ..checks import classify_determinism, compare_logprobs
 
 TITLE = "determinism"
 
@@ -23,7 +23,8 @@ async def run(rq, state) -> None:
     judges = ("foreign",)
 
     def spec(salt_: str | None):
-        return rq.question(memo.text, "determinism", max_tokens=d.max_tokens, salt=salt_)
+        return rq.question(memo.text, "determinism", max_tokens=d.max_tokens, salt=salt_,
+                           logprobs=d.logprobs or None)
 
     # Cold under a fresh salt; hits without one (they reuse the memo's unsalted blocks, which
     # works on every dialect: llama.cpp has no salts and answers salted requests cold).
@@ -53,13 +54,29 @@ async def run(rq, state) -> None:
     state.extra["determinism"] = {"kind": verdict.kind, "hit_vs_cold": verdict.hit_vs_cold,
                                   "hit_vs_hit": verdict.hit_vs_hit, "cold_vs_cold": verdict.cold_vs_cold,
                                   "short_control": verdict.short_control}
+    if cold.completion.logprobs and hits[0].completion.logprobs:
+        same = compare_logprobs(cold.completion.logprobs, hits[0].completion.logprobs)
+        state.extra["determinism"]["logprob_delta_hit_vs_cold"] = same.max_prefix_delta
     offsets = (f"hit vs cold at {verdict.hit_vs_cold}, hit vs hit at {verdict.hit_vs_hit}, "
                f"cold vs cold at {verdict.cold_vs_cold}, short control at {verdict.short_control}")
     if verdict.kind == "cache_path_divergence":
-        rq.finding(state, "cache_path_divergence", "fail", hits[0], offset=verdict.hit_vs_cold,
-                   detail=f"greedy output on a hit differs from cold at character {verdict.hit_vs_cold} while "
-                          f"the cold path reproduces itself ({offsets})",
-                   cold_request=cold.request, cold_again_request=cold_again.request)
+        diverging = next(h for h in hits if h.text != cold.text)
+        compared = compare_logprobs(cold.completion.logprobs, diverging.completion.logprobs)
+        state.extra["determinism"]["logprobs"] = {"token": compared.token, "max_prefix_delta":
+                                                  compared.max_prefix_delta, "margin": compared.margin}
+        if cold.completion.logprobs and compared.near_tie(d.logprob_tolerance):
+            rq.finding(state, "cache_path_divergence", "info", diverging, offset=verdict.hit_vs_cold,
+                       detail=f"the hit's greedy output flips a near-tied choice at character {verdict.hit_vs_cold} "
+                              f"(token {compared.token}: {compared.margin:.4f} nats behind on the cold path; "
+                              f"log-probabilities before it agree to {compared.max_prefix_delta:.4f}): a numerical "
+                              f"difference of prefill from cache, not a wrong state ({offsets})",
+                       cold_request=cold.request, **state.extra["determinism"]["logprobs"])
+        else:
+            rq.finding(state, "cache_path_divergence", "fail", diverging, offset=verdict.hit_vs_cold,
+                       detail=f"greedy output on a hit differs from cold at character {verdict.hit_vs_cold} while "
+                              f"the cold path reproduces itself ({offsets})",
+                       cold_request=cold.request, cold_again_request=cold_again.request,
+                       **state.extra["determinism"]["logprobs"])
     elif verdict.kind == "kernel_nondeterminism":
         offset = verdict.hit_vs_hit if verdict.hit_vs_hit is not None else verdict.cold_vs_cold
         rq.finding(state, "kernel_nondeterminism", "info", hits[0], offset=offset,

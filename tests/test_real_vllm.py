@@ -100,3 +100,58 @@ async def test_detectors_fire_on_corrupted_real_answers(vllm, tmp_path, mode, ph
     if kind != "foreign_code":
         control = events[("request_end", first["evidence"]["control_request"])]
         assert control["cached_tokens"] == 0 and control["text"]     # the cold path was right
+
+
+ROTATION = """
+[scenario]
+name = "rotation-real"
+phases = ["rotation"]
+[evidence]
+recall_max_tokens = 20
+summary_max_tokens = 24
+[phases.rotation]
+slots = 4
+rounds = 3
+memo_tokens = 520
+"""
+
+
+async def test_app_on_real_vllm_and_its_replay_show_the_same(vllm, tmp_path):
+    from support.app import SCREENSHOTS, live_app, text_of, wait_for
+    from test_replay import replay_final_state, screen_state
+    from tui.app.widgets import SlotPanel
+
+    log = tmp_path / "rotation.jsonl"
+    app = live_app(vllm.url, None, record=log, text=ROTATION)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.model.phases.get("rotation") is not None
+                       and app.model.phases["rotation"].done >= 9, timeout=600)
+        app.save_screenshot(str(SCREENSHOTS / "clean-rotation-vllm.svg"))
+        for panel in app.query(SlotPanel):
+            view = app.model.requests[panel.request]
+            assert view.memo in text_of(panel) and view.code in text_of(panel)
+        await wait_for(pilot, lambda: app.model.finished, timeout=600)
+        await pilot.pause(0.3)
+        live = screen_state(app)
+        assert app.model.report.verdict == "pass"
+        await pilot.press("q")
+    assert app.return_code == 0
+    replayed, verdict = await replay_final_state(log, size=(80, 24))
+    assert verdict == "pass" and replayed == live
+
+
+async def test_embedded_vllm_is_launched_recorded_and_stopped(tmp_path):
+    import subprocess
+    log = tmp_path / "embedded.jsonl"
+    small = scenario(tmp_path, '[scenario]\nphases = ["cold_hit"]\n[evidence]\nmemo_tokens = 520\n')
+    result = await run_hitproof("run", "--engine", "vllm", "--scenario", str(small), "--headless",
+                                "--record", str(log), timeout=1200)
+    assert result.code == 0, result.out + result.err
+    header = json.loads(log.read_text().splitlines()[0])
+    command = header["target"]["launch_command"]
+    assert "vllm.entrypoints.openai.api_server" in command and "--enable-prefix-caching" in command
+    port = command.split("--port ")[1].split()[0]
+    left = subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True, text=True).stdout.split()
+    assert left == [], f"server processes left behind: {left}"
+    server = next(json.loads(line) for line in log.read_text().splitlines() if '"type":"server"' in line)
+    assert server["version"] == "0.32.0" and server["dialect"] == "vllm"

@@ -55,7 +55,7 @@ def test_truncated_last_line_is_tolerated_with_warning(tmp_path):
     _write(path, RunHeader(seq=1), Finding(seq=2, kind="x"), tail='{"type": "finding", "seq": 3, "ki')
     log = read_log(path)
     assert len(log.events) == 2
-    assert "damaged line" in log.warning and ":3:" in log.warning
+    assert "cut short" in log.warning and ":3:" in log.warning
 
 
 def test_newer_schema_is_a_clear_error(tmp_path):
@@ -72,3 +72,10 @@ def test_not_a_log(tmp_path):
         read_log(path)
     with pytest.raises(BadInput, match="cannot open log"):
         read_log(tmp_path / "missing.jsonl")
+
+
+def test_damaged_line_in_the_middle_stops_with_warning(tmp_path):
+    path = tmp_path / "mid.jsonl"
+    _write(path, RunHeader(seq=1), tail='{"type": "finding", "se\n' + encode(Finding(seq=3, kind="x")) + "\n")
+    log = read_log(path)
+    assert len(log.events) == 1 and "damaged line" in log.warning and ":2:" in log.warning

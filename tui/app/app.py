@@ -69,14 +69,14 @@ class HitproofApp(App):
         self.frames = 0
         self.status_line = ""
 
-    LIVE_ONLY = {"pause", "isolate"}
     REPLAY_ONLY = {"play", "speed", "next_finding", "next_phase", "seek_start", "seek_end"}
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        if action in self.LIVE_ONLY and not self.source.live:
-            return None if action == "pause" else True
+        """Live runs and replays show only their own keys in the footer."""
+        if action == "pause" and not self.source.live:
+            return False
         if action in self.REPLAY_ONLY and self.source.live:
-            return None
+            return False
         return True
 
     # --- layout -----------------------------------------------------------------------------

@@ -257,6 +257,16 @@ class RunModel:
         h = self.metric_series("vllm:prefix_cache_hits_total", rate=True)
         return [(hits / queries) if queries else 0.0 for hits, queries in zip(h, q)]
 
+    def cumulative_hit_rate(self) -> float | None:
+        """Hit tokens / queried tokens since the first sample of the run."""
+        first = next((m for m in self.metrics if "vllm:prefix_cache_queries_total" in m), None)
+        last = next((m for m in reversed(self.metrics) if "vllm:prefix_cache_queries_total" in m), None)
+        if first is None or last is None or "vllm:prefix_cache_hits_total" not in last:
+            return None
+        queries = last["vllm:prefix_cache_queries_total"] - first["vllm:prefix_cache_queries_total"]
+        hits = last["vllm:prefix_cache_hits_total"] - first.get("vllm:prefix_cache_hits_total", 0.0)
+        return hits / queries if queries > 0 else None
+
     def latest(self, name: str) -> float | None:
         for sample in reversed(self.metrics):
             if name in sample:

@@ -129,9 +129,10 @@ def sparkline(values: list[float], width: int = 24) -> str:
 def metrics_line(model: RunModel) -> Text:
     out = Text()
     rate = model.hit_rate_series()
+    overall = model.cumulative_hit_rate()
     if rate:
         out.append("hit rate ", style="bold")
-        out.append(f"{rate[-1] * 100:3.0f}% ", style="green")
+        out.append(f"{overall * 100:3.0f}% " if overall is not None else "  ?% ", style="green")
         out.append(sparkline(rate), style="green")
     cached = model.metric_series("vllm:prefix_cache_hits_total", rate=True)
     if cached:

@@ -58,9 +58,10 @@ class SoakEngine:
         self.argv = argv or sys.argv
         self.metrics_interval = metrics_interval
         self.nonce = new_nonce()
-        self.rng = random.Random(scenario.seed)
         self.registry = Registry()
-        self.codes = CodeBook(self.rng)
+        # Codes differ from run to run (seeded by the nonce): a state leaking in from an earlier
+        # run can never pass for the request's own code.
+        self.codes = CodeBook(random.Random(self.nonce))
         self.client = OpenAIClient(target.url, dialect=target.dialect or "vllm",
                                    timeout=scenario.request_timeout)
         self.metrics_available = False

@@ -82,6 +82,11 @@ def iter_log(path: str | Path, warnings: list[str] | None = None, skip_deltas: b
         raise BadInput(f"cannot open log {path}: {exc.strerror or exc}") from None
     with handle:
         for number, line in enumerate(handle, start=1):
+            if not line.endswith(b"\n") and line.strip():
+                if warnings is not None:
+                    warnings.append(f"{path}:{number}: the last line is cut short (a crash mid-write?); "
+                                    f"read up to the last good event")
+                return
             if not line.strip() or (skip_deltas and line.startswith(b'{"type":"delta"')):
                 continue
             try:

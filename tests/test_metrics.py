@@ -50,3 +50,9 @@ def test_acceptance_length():
 def test_garbage_is_an_error_not_zero():
     snap = parse_metrics("this is { not prometheus")
     assert snap.error and snap.values == {}
+
+
+def test_acceptance_length_llamacpp_names():
+    a = parse_metrics("llamacpp:spec_decode_num_drafts_total 4\nllamacpp:spec_decode_num_accepted_tokens_total 4\n")
+    b = parse_metrics("llamacpp:spec_decode_num_drafts_total 14\nllamacpp:spec_decode_num_accepted_tokens_total 29\n")
+    assert acceptance_length(a, b) == 3.5

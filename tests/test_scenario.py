@@ -10,10 +10,11 @@ from tui.core.scenario import PHASE_NAMES, load_scenario, parse_scenario
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["default", "quick"])
+@pytest.mark.parametrize("name", ["default", "quick", "agent-quick"])
 def test_shipped_scenarios_load(name):
     s = load_scenario(ROOT / "scenarios" / f"{name}.toml")
-    assert s.phases == PHASE_NAMES
+    expected = {"default": PHASE_NAMES, "quick": PHASE_NAMES[:7], "agent-quick": ("agent_replay",)}[name]
+    assert s.phases == expected
     assert s.name == name
 
 

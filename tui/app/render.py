@@ -17,7 +17,7 @@ BADGE_STYLE = {"ok": "bold black on green", "fail": "bold white on red", "warn":
                "info": "black on grey70", "pending": "black on cyan"}
 STATUS_GLYPH = {"pending": ("·", "grey50"), "running": ("▶", "cyan"), "pass": ("✓", "green"),
                 "fail": ("✗", "bold red"), "inconclusive": ("?", "yellow")}
-PHASE_LABEL = {"shared_concurrency": "shared"}
+PHASE_LABEL = {"shared_concurrency": "shared", "agent_replay": "agent replay"}
 SPARK = "▁▂▃▄▅▆▇█"
 
 

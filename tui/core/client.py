@@ -32,6 +32,7 @@ class RequestSpec:
     stop: list[str] | None = None
     model: str = ""
     logprobs: int | None = None               # top-k log-probabilities per output token
+    tools: list[dict] | None = None           # chat tool schemas, sent as given
 
     def prompt_chars(self) -> int:
         if self.prompt is not None:
@@ -145,6 +146,8 @@ class OpenAIClient:
         }
         if spec.api == "chat":
             body["messages"] = spec.messages
+            if spec.tools:
+                body["tools"] = spec.tools
         else:
             body["prompt"] = spec.prompt
         if spec.seed is not None:

@@ -24,11 +24,13 @@ CACHE_CONFIG = "vllm:cache_config_info"
 LLAMA_PROMPT_TOKENS = "llamacpp:prompt_tokens_total"
 LLAMA_PREDICTED = "llamacpp:tokens_predicted_total"
 LLAMA_CACHED = "llamacpp:prompt_tokens_cached_total"
+LLAMA_SPEC_DRAFTS = "llamacpp:spec_decode_num_drafts_total"
+LLAMA_SPEC_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
 LLAMA_PROCESSING = "llamacpp:requests_processing"
 LLAMA_DEFERRED = "llamacpp:requests_deferred"
 
 COUNTERS = (PREFIX_QUERIES, PREFIX_HITS, PREEMPTIONS, SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED,
-            LLAMA_PROMPT_TOKENS, LLAMA_PREDICTED, LLAMA_CACHED)
+            LLAMA_PROMPT_TOKENS, LLAMA_PREDICTED, LLAMA_CACHED, LLAMA_SPEC_DRAFTS, LLAMA_SPEC_ACCEPTED)
 
 
 @dataclass(frozen=True)
@@ -82,11 +84,12 @@ def cached_tokens_delta(before: MetricSnapshot | None, after: MetricSnapshot | N
 
 def acceptance_length(before: MetricSnapshot | None, after: MetricSnapshot | None) -> float | None:
     """1 + accepted / drafts over an interval; 1.00 means the drafter contributes nothing."""
-    drafts = delta(before, after, SPEC_DRAFTS)
-    accepted = delta(before, after, SPEC_ACCEPTED)
-    if drafts is None or accepted is None or drafts <= 0:
-        return None
-    return 1.0 + accepted / drafts
+    for drafts_name, accepted_name in ((SPEC_DRAFTS, SPEC_ACCEPTED), (LLAMA_SPEC_DRAFTS, LLAMA_SPEC_ACCEPTED)):
+        drafts = delta(before, after, drafts_name)
+        accepted = delta(before, after, accepted_name)
+        if drafts is not None and accepted is not None and drafts > 0:
+            return 1.0 + accepted / drafts
+    return None
 
 
 def block_size(snapshot: MetricSnapshot | None) -> int | None:

@@ -165,13 +165,17 @@ class Requester:
         memo = await build_memo(self.counter, memo_id=memo_id, nonce=self.engine.nonce, code=code,
                                 target_tokens=tokens, grid=self.server.grid,
                                 code_position=self.scenario.evidence.code_position, seed=self.scenario.seed)
-        if code:
-            self.engine.registry.register(CodeOwner(code=code, memo=memo_id, phase=state.name, slot=slot))
-        self.engine.emit(MemoPlanted(memo=memo_id, phase=state.name, code=code, tokens=memo.tokens,
+        self.register_memo(state, memo, slot=slot)
+        return memo
+
+    def register_memo(self, state: PhaseState, memo: Memo, slot: int | None = None) -> None:
+        """Put the memo's code in the registry and the memo on the event stream."""
+        if memo.code:
+            self.engine.registry.register(CodeOwner(code=memo.code, memo=memo.memo_id, phase=state.name, slot=slot))
+        self.engine.emit(MemoPlanted(memo=memo.memo_id, phase=state.name, code=memo.code, tokens=memo.tokens,
                                      sizing=memo.sizing, code_offset=memo.code_offset,
                                      code_tokens=[memo.code_token_start, memo.code_token_end],
                                      grid=memo.grid, text=memo.text))
-        return memo
 
     async def filler(self, seed: str, tokens: int) -> str:
         return await filler_text(self.counter, seed=f"{self.scenario.seed}:{self.engine.nonce}:{seed}",
@@ -224,7 +228,9 @@ class Requester:
     async def send(self, state: PhaseState, spec: RequestSpec, *, task: str, memo: Memo | None = None,
                    slot: int | None = None, round: int | None = None, turn: int | None = None,
                    expect: str = "any", arm: str = "main", of_request: int | None = None,
-                   judges: Iterable[str] = ALL_JUDGES) -> Record:
+                   judges: Iterable[str] = ALL_JUDGES, control: bool = True) -> Record:
+        """Send, check, judge. `control=False`: the phase runs its own control arm and judges
+        hit-path problems itself (foreign codes, wrong tasks and cold checks are still judged here)."""
         if arm != "isolation":               # isolation re-runs go alone while the soak waits
             await self.engine.gate.wait()
         self._next_request += 1
@@ -265,7 +271,7 @@ class Requester:
         (state.records if arm == "main" else state.controls).append(record)
         self._remember(record)
         if arm == "main":
-            await self._judge(state, record, expect, tuple(judges))
+            await self._judge(state, record, expect, tuple(judges), control)
         return record
 
     # --- judging -------------------------------------------------------------------------------
@@ -281,7 +287,8 @@ class Requester:
             request=record.request if record else None, offset=offset, detail=detail,
             memo=record.memo.memo_id if record and record.memo else None, evidence=evidence))
 
-    async def _judge(self, state: PhaseState, record: Record, expect: str, judges: tuple[str, ...]) -> None:
+    async def _judge(self, state: PhaseState, record: Record, expect: str, judges: tuple[str, ...],
+                     control: bool = True) -> None:
         c = record.checks
         for foreign in c.get("foreign", []):
             whole = foreign["groups"] >= 2
@@ -299,7 +306,7 @@ class Requester:
         if expect == "hit":
             state.expected_hits += 1
         problems = hit_path_problems(c)
-        if not problems:
+        if not problems or not control:
             return
         if record.cached is not None and record.cached <= self.cold_tolerance:
             state.cold_failures += 1

@@ -19,6 +19,7 @@ PHASE_NAMES = (
     "long_prompt",
     "determinism",
     "control",
+    "agent_replay",
 )
 APIS = ("completions", "chat")
 
@@ -89,6 +90,18 @@ class Control:
 
 
 @dataclass(frozen=True)
+class AgentReplay:
+    source: str = ""                 # a JSONL capture of chat requests; empty: the built-in generator
+    turns: int = 6                   # generator: requests in the conversation
+    tools: int = 8                   # generator: tool schemas in the first block
+    growth_tokens: int = 200         # generator: tool-result text added per turn (at least a block)
+    integrity_every: int = 2         # generator: ask for the planted code every k turns (and last)
+    max_tokens: int = 24
+    control_arm: bool = True         # replay again with a fresh cache_salt per request
+    acceptance_collapse: float = 1.05   # a drafter's acceptance length at or below this has collapsed
+
+
+@dataclass(frozen=True)
 class Isolation:
     k: int = 4
 
@@ -111,6 +124,7 @@ class Scenario:
     long_prompt: LongPrompt = field(default_factory=LongPrompt)
     determinism: Determinism = field(default_factory=Determinism)
     control: Control = field(default_factory=Control)
+    agent_replay: AgentReplay = field(default_factory=AgentReplay)
     isolation: Isolation = field(default_factory=Isolation)
     source: str = "<built-in>"       # file it came from
     text: str = ""                   # the file's text, recorded in the log header
@@ -133,12 +147,14 @@ _SECTIONS: dict[str, type] = {
     "phases.long_prompt": LongPrompt,
     "phases.determinism": Determinism,
     "phases.control": Control,
+    "phases.agent_replay": AgentReplay,
 }
 _TOP_KEYS = {"name", "description", "api", "model", "phases", "seed", "request_timeout"}
 _MINIMUMS = {
     "memo_tokens": 64, "recall_max_tokens": 8, "summary_max_tokens": 1, "turn_max_tokens": 1,
     "turns": 1, "turn_tokens": 8, "streams": 1, "rounds": 1, "slots": 2, "max_tokens": 1,
     "short_memo_tokens": 32, "short_runs": 2, "requests": 1, "concurrency": 1, "k": 1,
+    "tools": 1, "growth_tokens": 8, "integrity_every": 1, "acceptance_collapse": 1.0,
     "block_size": 0, "suffix_tokens": 1, "logprobs": 0, "logprob_tolerance": 0.0, "length_step_tokens": 0, "request_timeout": 1,
 }
 

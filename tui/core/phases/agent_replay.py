@@ -1,0 +1,142 @@
+"""Phase 8: replay an ordered agent conversation whose prompt grows every turn, then the same
+replay with a fresh cache_salt per request (the control arm).
+
+A turn that fails with reuse and passes without it is a fail-class finding naming the first
+bad request; failing both ways is the model. With a speculative drafter, acceptance length is
+recorded per turn and a collapse to 1.00 on reuse (and not in the control arm) is flagged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..agent import AgentTurn, Conversation, generate, load_capture
+from ..memos import Memo
+from ..metrics import acceptance_length
+from ..requests import hit_path_problems
+from ..tokens import estimate_tokens
+
+TITLE = "agent replay"
+
+
+def plan(scenario) -> dict:
+    a = scenario.agent_replay
+    turns = a.turns if not a.source else 0
+    return {"slots": 1, "rounds": turns, "planned_requests": turns}
+
+
+def conversation(rq, state) -> Conversation:
+    a = rq.scenario.agent_replay
+    if a.source:
+        path = Path(a.source)
+        if not path.is_absolute() and rq.scenario.source not in ("<built-in>", "<scenario>"):
+            path = Path(rq.scenario.source).parent / path
+        return load_capture(path, max_tokens=a.max_tokens)
+    code = rq.engine.codes.new_code()
+    growth = max(a.growth_tokens, rq.server.grid + 16)
+    return generate(tools=a.tools, turns=a.turns, growth_tokens=growth, integrity_every=a.integrity_every,
+                    code=code, seed=f"{rq.scenario.seed}:{rq.engine.nonce}", max_tokens=a.max_tokens,
+                    recall_max_tokens=rq.scenario.evidence.recall_max_tokens)
+
+
+def spec_for(rq, turn: AgentTurn, salt: str | None):
+    if turn.messages is not None:
+        spec = rq.spec(messages=turn.messages, max_tokens=turn.max_tokens, salt=salt)
+        spec.tools = turn.tools
+        return spec
+    return rq.spec(prompt=turn.prompt, max_tokens=turn.max_tokens, salt=salt, stop=turn.stop)
+
+
+async def replay(rq, state, convo: Conversation, memo: Memo | None, *, control: bool) -> list[dict]:
+    """One pass over the conversation; per turn its record, its problems and acceptance length."""
+    out = []
+    for turn in convo.turns:
+        before = await rq.engine.scrape(record=False) if rq.engine.metrics_available else None
+        record = await rq.send(state, spec_for(rq, turn, rq.fresh_salt() if control else None), task=turn.task,
+                               memo=memo, round=turn.index, turn=turn.index + 1,
+                               expect="cold" if control or turn.index == 0 else "hit",
+                               arm="control" if control else "main", control=False)
+        after = await rq.engine.scrape(record=False) if before is not None else None
+        out.append({"turn": turn.index + 1, "record": record,
+                    "problems": {kind: (offset, detail) for kind, offset, detail in hit_path_problems(record.checks)},
+                    "acceptance": acceptance_length(before, after)})
+    return out
+
+
+async def run(rq, state) -> None:
+    a = rq.scenario.agent_replay
+    convo = conversation(rq, state)
+    memo = None
+    if convo.code:
+        memo = Memo(memo_id="agent", code=convo.code, text=convo.opening, tokens=estimate_tokens(convo.opening),
+                    sizing="estimate", code_offset=convo.opening.find(convo.code), code_token_start=None,
+                    code_token_end=None, grid=rq.server.grid)
+        rq.register_memo(state, memo)
+    main = await replay(rq, state, convo, memo, control=False)
+    control = await replay(rq, state, convo, memo, control=True) if a.control_arm else []
+    judge(rq, state, main, control, a.acceptance_collapse)
+    state.extra["source"] = convo.source
+    state.extra["turns"] = [summary(m, c) for m, c in zip(main, control or [None] * len(main))]
+    state.extra["cached_by_turn"] = [m["record"].cached for m in main]
+
+
+def judge(rq, state, main: list[dict], control: list[dict], collapse: float) -> None:
+    previous = None
+    for m in main:
+        cached = m["record"].cached
+        if previous is not None and cached is not None and cached <= previous:
+            state.mark_inconclusive(f"cached tokens did not rise at turn {m['turn']} ({previous} -> {cached})")
+            rq.finding(state, "no_hits", "warn", m["record"],
+                       detail=f"turn {m['turn']}: cached tokens did not rise ({previous} -> {cached})")
+        previous = cached
+    kinds = sorted({kind for m in main for kind in m["problems"]})
+    for kind in kinds:
+        bad = [(i, m) for i, m in enumerate(main) if kind in m["problems"]]
+        reuse_only = [(i, m) for i, m in bad if control and kind not in control[i]["problems"]]
+        both = [(i, m) for i, m in bad if not control or kind in control[i]["problems"]]
+        if reuse_only:
+            i, first = reuse_only[0]
+            offset, detail = first["problems"][kind]
+            rq.finding(state, kind, "fail", first["record"], offset=offset,
+                       detail=(f"turn {first['turn']} (request {first['record'].request}) is the first bad request: "
+                               f"{detail} with prefix reuse, right in the control arm "
+                               f"(request {control[i]['record'].request}, fresh cache_salt)"),
+                       first_bad_request=first["record"].request, first_bad_turn=first["turn"],
+                       bad_requests=[m["record"].request for _, m in reuse_only],
+                       control_request=control[i]["record"].request)
+        if both:
+            i, first = both[0]
+            offset, detail = first["problems"][kind]
+            state.model_failures += len(both)
+            why = ("fails the same way in the control arm: the model, not the cache" if control
+                   else "no control arm was run")
+            rq.finding(state, kind, "info", first["record"], offset=offset,
+                       detail=f"turn {first['turn']}: {detail}; {why}",
+                       bad_requests=[m["record"].request for _, m in both])
+    for i, m in enumerate(main):
+        acc = m["acceptance"]
+        if acc is None or acc > collapse or not m["record"].hit:
+            continue
+        other = control[i]["acceptance"] if control else None
+        if other is not None and other > collapse:
+            rq.finding(state, "acceptance_collapse", "fail", m["record"],
+                       detail=(f"turn {m['turn']}: speculative acceptance length {acc:.2f} on a prefix-cache hit, "
+                               f"{other:.2f} in the control arm: the drafter contributes nothing after reuse"),
+                       acceptance=acc, control_acceptance=other)
+            break
+        rq.finding(state, "acceptance_collapse", "info", m["record"],
+                   detail=f"turn {m['turn']}: acceptance length {acc:.2f} (control "
+                          f"{'n/a' if other is None else f'{other:.2f}'}): not attributable to the cache")
+        break
+
+
+def summary(m: dict, c: dict | None) -> dict:
+    r = m["record"]
+    row = {"turn": m["turn"], "request": r.request, "task": r.task, "prompt_tokens": r.completion.prompt_tokens,
+           "cached_tokens": r.cached, "ttft_ms": None if r.completion.ttft_s is None
+           else round(r.completion.ttft_s * 1000, 1), "problems": sorted(m["problems"]),
+           "acceptance": m["acceptance"]}
+    if c is not None:
+        row["control"] = {"request": c["record"].request, "cached_tokens": c["record"].cached,
+                          "problems": sorted(c["problems"]), "acceptance": c["acceptance"]}
+    return row

@@ -96,16 +96,15 @@ def format_isolation(e: IsolationFinished) -> str:
 
 
 def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
-    table = Table(title="hitproof summary", title_justify="left")
-    for column in ("phase", "status", "requests", "hits", "cached tok", "TTFT cold ms", "TTFT hit ms",
-                   "fail/warn/info"):
-        table.add_column(column, justify="left" if column in ("phase", "status") else "right")
+    table = Table(title="hitproof summary", title_justify="left", padding=(0, 1))
+    for column in ("phase", "status", "req", "hits", "cached tok", "TTFT cold", "TTFT hit", "f/w/i"):
+        table.add_column(column, justify="left" if column in ("phase", "status") else "right", no_wrap=True)
     for name, phase in report.phases.items():
         counts = phase.get("findings") or {}
         table.add_row(
             name, Text(phase.get("status", "?"), style=STATUS_STYLE.get(phase.get("status", ""), "")),
             str(phase.get("requests", "")), str(phase.get("hits", "")), str(phase.get("cached_tokens", "")),
-            _num(phase.get("ttft_cold_ms")), _num(phase.get("ttft_hit_ms")),
+            _ms(phase.get("ttft_cold_ms")), _ms(phase.get("ttft_hit_ms")),
             f"{counts.get('fail', 0)}/{counts.get('warn', 0)}/{counts.get('info', 0)}")
     lines: list = [table]
     for name, phase in report.phases.items():
@@ -137,8 +136,10 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
     return Group(*lines)
 
 
-def _num(value) -> str:
-    return "" if value is None else f"{value:,.0f}"
+def _ms(value) -> str:
+    if value is None:
+        return ""
+    return f"{value:,.0f} ms" if value < 10_000 else f"{value / 1000:,.1f} s"
 
 
 # --- text ----------------------------------------------------------------------------------

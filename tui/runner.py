@@ -6,16 +6,23 @@ Headless and the app both start soaks through here; nothing in this module impor
 from __future__ import annotations
 
 import asyncio
+import collections
 import datetime as dt
+import time
 from pathlib import Path
 from typing import Awaitable, Callable
 
+from .core import enginelog
 from .core.engine import Outcome, SoakEngine, Target
-from .core.events import Event, EventBus, RunHeader, ServerLog
+from .core.events import Event, EventBus, Finding, PhaseStarted, RunFinished, RunHeader, ServerLog
+from .core.incident import build_incident
 from .core.launch import LaunchError, ServerProcess, free_port
+from .core.profiles import LaunchPlan, Profile, env_of_interest
 from .core.recorder import Recorder
 from .core.errors import ServerProblem
 from .core.scenario import Scenario
+
+PROBE_BUDGET = 20.0   # seconds the incident probe may take before the soak starts without it
 
 Listener = Callable[[Event], None]
 
@@ -25,28 +32,97 @@ def default_log_path() -> Path:
 
 
 class ServerLogRelay:
-    """Server output lines become events, but only after the header (the log's first line)."""
+    """A launched server's output lines become ServerLog events, but only after the header (the log's
+    first line); lines that mean trouble (tui.core.enginelog) also become `engine_log` findings.
 
-    def __init__(self, bus: EventBus):
+    A fail-class engine_log finding counts in the phase that is running (so the run's verdict and
+    exit code see it, like any other fail-class finding); one that comes before the first phase or
+    between phases counts in the next phase, one after the last phase in the last phase. After the
+    run has ended, lines are still relayed (the app keeps the server for isolation re-runs) but make
+    no findings; once the soak has returned (detach), they only go to `echo`.
+    """
+
+    MAX_PER_KIND = 20           # a crash loop must not bury the log in findings
+    CONTEXT = 5                 # lines before the classified one kept in the evidence
+
+    def __init__(self, bus: EventBus, echo: Callable[[str], None] | None = None):
         self.bus = bus
+        self.echo = echo
         self.buffer: list[str] = []
         self.open = False
+        self.detached = False
+        self.engine: SoakEngine | None = None
+        self.ended = False
+        self.line_no = 0
+        self.recent: collections.deque[str] = collections.deque(maxlen=self.CONTEXT)
+        self.per_kind: collections.Counter[str] = collections.Counter()
+        self.suppressed = 0
+        self._pending = {"fail": 0, "warn": 0, "info": 0}
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, RunHeader) and not self.open:
             asyncio.get_running_loop().call_soon(self._flush)
+        elif isinstance(event, PhaseStarted) and self.engine is not None and self.engine.phase_states:
+            state = self.engine.phase_states[-1]
+            for severity, n in self._pending.items():
+                if n:
+                    state.findings[severity] += n
+                    self._pending[severity] = 0
+        elif isinstance(event, RunFinished):
+            self.ended = True
 
     def _flush(self) -> None:
         self.open = True
         for line in self.buffer:
-            self.bus.emit(ServerLog(line=line))
+            self._emit(line)
         self.buffer.clear()
 
     def __call__(self, line: str) -> None:
+        if self.echo is not None:
+            try:
+                self.echo(line)
+            except Exception:
+                pass
+        if self.detached:
+            return
         if self.open:
-            self.bus.emit(ServerLog(line=line))
+            self._emit(line)
         else:
             self.buffer.append(line)
+
+    def _emit(self, line: str) -> None:
+        self.line_no += 1
+        self.bus.emit(ServerLog(line=line))
+        found = None if self.ended else enginelog.classify(line)
+        if found is not None:
+            kind, severity = found
+            self.per_kind[kind] += 1
+            if self.per_kind[kind] > self.MAX_PER_KIND:
+                self.suppressed += 1
+            else:
+                self._finding(line, kind, severity)
+        self.recent.append(line)
+
+    def _finding(self, line: str, kind: str, severity: str) -> None:
+        engine = self.engine
+        states = engine.phase_states if engine is not None else []
+        running = states[-1] if states and not states[-1].finished else None
+        all_done = engine is not None and states and len(states) >= len(engine.scenario.phases) and running is None
+        counted_in = running or (states[-1] if all_done else None)
+        if counted_in is not None:
+            counted_in.findings[severity] += 1
+        else:
+            self._pending[severity] += 1
+        finding = Finding(
+            kind="engine_log", severity=severity, phase=running.name if running else "",
+            detail=f"server log ({kind.replace('_', ' ')}): {line.strip()[:400]}",
+            evidence={"line": line, "match": kind, "matched": enginelog.matched_text(line),
+                      "line_no": self.line_no, "before": list(self.recent),
+                      "when": "running" if running else ("startup" if not states else "between phases")})
+        (engine.emit if engine is not None else self.bus.emit)(finding)
+
+    def detach(self) -> None:
+        self.detached = True
 
 
 AfterRun = Callable[[SoakEngine, Outcome], Awaitable[None]]
@@ -55,9 +131,15 @@ AfterRun = Callable[[SoakEngine, Outcome], Awaitable[None]]
 async def run_soak(scenario: Scenario, target: Target, *, bus: EventBus, record: Path | None,
                    listeners: list[Listener], argv: list[str] | None = None, isolate: bool = False,
                    after_run: AfterRun | None = None,
-                   on_engine: Callable[[SoakEngine], None] | None = None) -> Outcome:
+                   on_engine: Callable[[SoakEngine], None] | None = None,
+                   plan: LaunchPlan | None = None, probe: bool = True) -> Outcome:
     """Run one soak. `after_run` runs while the server and client are still up (the app waits
-    there until the user quits, so isolation re-runs can still reach the server)."""
+    there until the user quits, so isolation re-runs can still reach the server).
+
+    With `probe`, the incident record (tui.core.incident) is gathered first (a few GETs and one
+    cold one-token completion) and goes in the run header; `plan` says how the server was launched."""
+    if probe and not target.incident:
+        target.incident = await gather_incident(scenario, target, plan)
     recorder = Recorder(record) if record else None
     if recorder:
         await recorder.start()
@@ -78,29 +160,66 @@ async def run_soak(scenario: Scenario, target: Target, *, bus: EventBus, record:
             await recorder.close()
 
 
-async def run_launched(scenario: Scenario, *, argv_cmd: list[str], url: str, env: dict[str, str] | None,
-                       engine: str | None, env_of_interest: dict[str, str], facts: dict, startup_timeout: float,
-                       bus: EventBus, record: Path | None, listeners: list[Listener],
-                       progress: Callable[[str], None], argv: list[str] | None = None,
-                       isolate: bool = False, after_run: AfterRun | None = None,
-                       on_engine: Callable[[SoakEngine], None] | None = None) -> Outcome:
-    """Start a server, wait until it serves, soak it, and always stop it (no orphan)."""
-    relay = ServerLogRelay(bus)
-    bus.subscribe(relay.on_event)
-    server = ServerProcess(argv_cmd, url=url, env=env, on_line=relay)
+async def gather_incident(scenario: Scenario, target: Target, plan: LaunchPlan | None) -> dict:
+    """The header's incident record; a server that does not answer the probe in time gets the
+    record without the server's side (version, models, cache config, fingerprint)."""
+    def make(probe: bool):
+        return build_incident(
+            url=target.url, argv=plan.argv if plan else None, env_of_interest=target.env_of_interest,
+            child_env=plan.env if plan else None, facts=target.facts, overlays=plan.overlays if plan else [],
+            profile=plan.profile if plan else None, engine=target.engine,
+            sampling={"temperature": scenario.sampling.temperature, "seed": scenario.sampling.seed},
+            scenario_seed=scenario.seed, model=scenario.model or None, probe=probe)
+
     try:
-        await server.start()
-        progress(f"started {engine or 'server'} (pid {server.pid}): {server.command_line}")
+        return await asyncio.wait_for(make(True), PROBE_BUDGET)
+    except asyncio.TimeoutError:
+        incident = await make(False)
+        incident["probe"] = {"probe_error": f"the server did not answer the probe within {PROBE_BUDGET:.0f}s"}
+        return incident
+
+
+async def run_launched(scenario: Scenario, plan: LaunchPlan, *, bus: EventBus, record: Path | None,
+                       listeners: list[Listener], progress: Callable[[str], None], argv: list[str] | None = None,
+                       isolate: bool = False, after_run: AfterRun | None = None,
+                       on_engine: Callable[[SoakEngine], None] | None = None,
+                       echo: Callable[[str], None] | None = None,
+                       on_server: Callable[[ServerProcess], None] | None = None) -> Outcome:
+    """Start a server, wait until it serves, soak it, and always stop it (no orphan): on the way out,
+    on an error and on Ctrl-C (cancellation). A server that never serves is a ServerProblem (exit 3)
+    whose message ends with the server's last output line."""
+    relay = ServerLogRelay(bus, echo=echo)
+    bus.subscribe(relay.on_event)
+    server = ServerProcess(plan.argv, url=plan.url, env=plan.env, on_line=relay)
+
+    def attach(engine: SoakEngine) -> None:
+        relay.engine = engine
+        if on_engine is not None:
+            on_engine(engine)
+
+    name = (plan.profile or {}).get("name") or plan.engine or "server"
+    try:
         try:
-            await server.wait_ready(startup_timeout, progress)
+            await server.start()
         except LaunchError as exc:
-            raise ServerProblem(str(exc)) from None
-        progress(f"server ready at {url}")
-        target = Target(url=url, engine=engine, launch_command=server.command_line,
-                        env_of_interest=env_of_interest, facts=facts, exited=server.exited)
+            raise ServerProblem(f"{name}: {exc}") from None
+        if on_server is not None:
+            on_server(server)
+        progress(f"started {name} (pid {server.pid}): {server.command_line}")
+        started = time.monotonic()
+        try:
+            await server.wait_ready(plan.startup_timeout, progress)
+        except LaunchError as exc:
+            raise ServerProblem(f"{name}: {exc} (waited for {plan.url}/health and /v1/models)") from None
+        progress(f"server ready at {plan.url} after {time.monotonic() - started:.0f}s")
+        target = Target(url=plan.url, engine=plan.engine, launch_command=server.command_line,
+                        env_of_interest=plan.env_of_interest, facts=plan.facts, exited=server.exited,
+                        exit_info=lambda: {"exit_code": server.returncode,
+                                           "last_lines": list(server.recent_lines)[-20:]})
         return await run_soak(scenario, target, bus=bus, record=record, listeners=listeners, argv=argv,
-                              isolate=isolate, after_run=after_run, on_engine=on_engine)
+                              isolate=isolate, after_run=after_run, on_engine=attach, plan=plan)
     finally:
+        relay.detach()
         await server.stop()
 
 
@@ -108,12 +227,18 @@ async def run_embedded(scenario: Scenario, engine: str, model: str, *, bus: Even
                        listeners: list[Listener], progress: Callable[[str], None],
                        argv: list[str] | None = None, isolate: bool = False,
                        after_run: AfterRun | None = None,
-                       on_engine: Callable[[SoakEngine], None] | None = None) -> Outcome:
+                       on_engine: Callable[[SoakEngine], None] | None = None,
+                       echo: Callable[[str], None] | None = None) -> Outcome:
     from .engines import launch_spec    # the embedded engines are only needed here
 
     spec = launch_spec(engine, port=free_port(), model=model)
-    return await run_launched(scenario, argv_cmd=spec.argv, url=spec.url, env=spec.env, engine=spec.engine,
-                              env_of_interest=spec.env_of_interest, facts=spec.facts,
-                              startup_timeout=spec.startup_timeout, bus=bus, record=record,
-                              listeners=listeners, progress=progress, argv=argv, isolate=isolate,
-                              after_run=after_run, on_engine=on_engine)
+    plan = LaunchPlan(argv=spec.argv, url=spec.url, env=spec.env,
+                      env_of_interest=env_of_interest(spec.env_of_interest, spec.env),
+                      startup_timeout=spec.startup_timeout, engine=spec.engine, facts=spec.facts)
+    return await run_launched(scenario, plan, bus=bus, record=record, listeners=listeners, progress=progress,
+                              argv=argv, isolate=isolate, after_run=after_run, on_engine=on_engine, echo=echo)
+
+
+async def run_profile(scenario: Scenario, profile: Profile, **kwargs) -> Outcome:
+    """Launch a profile's server on a fresh port, soak it, stop it (see run_launched)."""
+    return await run_launched(scenario, profile.plan(), **kwargs)

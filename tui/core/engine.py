@@ -10,7 +10,7 @@ import random
 import secrets
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .. import __version__
 from .client import OpenAIClient
@@ -40,6 +40,11 @@ class Target:
     env_of_interest: dict[str, str] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
     exited: asyncio.Event | None = None  # set when a launched server process exits
+    # () -> {"exit_code": int | None, "last_lines": [...]}: how a launched server ended
+    exit_info: Callable[[], dict[str, Any]] | None = None
+    # The incident record (tui.core.incident.build_incident): version, commit, model, quantization,
+    # speculative decoding, cache config, cache reuse, overlays, env ... ; goes in the header.
+    incident: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,6 +109,12 @@ class SoakEngine:
                 other.cancel()
             return work.result()
         except ServerProblem as exc:
+            for other in watchers[1:]:
+                other.cancel()
+            exited = await self._server_exit()
+            if exited is not None:     # a request failing because the server died: say that it died
+                message, evidence = exited
+                return self._abort("error", EXIT_SERVER, message, finding=True, evidence=evidence)
             return self._abort("error", EXIT_SERVER, str(exc), finding=True)
         except HitproofError as exc:
             return self._abort("error", exc.exit_code, str(exc), finding=False)
@@ -114,10 +125,32 @@ class SoakEngine:
             self._abort("interrupted", EXIT_INTERRUPTED, "interrupted by the user", finding=False)
             raise
 
-    def _abort(self, verdict: str, code: int, message: str, *, finding: bool) -> Outcome:
+    async def _server_exit(self, wait: float = 3.0) -> tuple[str, dict[str, Any]] | None:
+        """(message, evidence) when the launched server process has exited (waiting a moment: a
+        request can fail on the dead connection before the exit is noticed), else None."""
+        exited = self.target.exited
+        if exited is None:
+            return None
+        if not exited.is_set():
+            try:
+                await asyncio.wait_for(exited.wait(), wait)
+            except asyncio.TimeoutError:
+                return None
+        info = dict(self.target.exit_info() if self.target.exit_info is not None else {})
+        code = info.get("exit_code")
+        lines = [line for line in info.get("last_lines") or [] if line.strip()]
+        how = "was killed by signal %d" % -code if isinstance(code, int) and code < 0 else f"exited with code {code}"
+        message = f"the server process {how} during the soak"
+        if lines:
+            message += f"; last output: {lines[-1].strip()[:300]}"
+        return message, {"exit_code": code, "last_lines": lines[-20:]}
+
+    def _abort(self, verdict: str, code: int, message: str, *, finding: bool,
+               evidence: dict[str, Any] | None = None) -> Outcome:
         phase = self.phase_states[-1].name if self.phase_states else ""
         if finding:
-            self.emit(Finding(kind="server_error", severity="fail", phase=phase, detail=message))
+            self.emit(Finding(kind="server_error", severity="fail", phase=phase, detail=message,
+                              evidence=evidence or {}))
         if self.phase_states and not self.phase_states[-1].finished:
             state = self.phase_states[-1]
             state.finished = True
@@ -247,9 +280,22 @@ class SoakEngine:
             scenario={"name": s.name, "source": s.source,
                       "sha256": hashlib.sha256(s.text.encode()).hexdigest() if s.text else None,
                       "settings": s.to_dict(), "text": s.text},
-            target={"url": self.target.url, "engine": self.target.engine,
-                    "launch_command": self.target.launch_command,
-                    "env": self.target.env_of_interest,
-                    "sampling": {"temperature": s.sampling.temperature, "seed": s.sampling.seed},
-                    "cache_reuse_forced_off": False},
+            target=self._target_header(),
         )
+
+    def _target_header(self) -> dict[str, Any]:
+        s, t = self.scenario, self.target
+        incident = dict(t.incident)
+        reuse = incident.get("cache_reuse") or {}
+        if incident:
+            incident.setdefault("sampling", {"temperature": s.sampling.temperature, "seed": s.sampling.seed})
+            incident.setdefault("hitproof_version", __version__)
+        return {"url": t.url, "engine": t.engine,
+                "launch_command": t.launch_command,
+                "env": t.env_of_interest,
+                "sampling": {"temperature": s.sampling.temperature, "seed": s.sampling.seed},
+                "cache_reuse_forced_off": bool(reuse.get("forced_off", False)),
+                "cache_reuse_decided_by": reuse.get("decided_by"),
+                "profile": incident.get("profile"),
+                "overlays": incident.get("overlays") or [],
+                "incident": incident}

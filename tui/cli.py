@@ -1,4 +1,4 @@
-"""hitproof command line: run / report / refserver / setup."""
+"""hitproof command line: run / matrix / report / replay / refserver / setup / size."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -29,6 +30,17 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--attach", metavar="URL", help="soak a server that is already running")
     where.add_argument("--engine", choices=ENGINES, default=None,
                        help="embedded real server to set up and start (default: vllm)")
+    where.add_argument("--launch", metavar="COMMAND",
+                       help="start this server command (its own process group), wait for /health and /v1/models "
+                            "at --url, soak it, stop it; {port} in the command picks a free port")
+    where.add_argument("--profile", metavar="FILE",
+                       help="launch profile TOML (command, url, env, startup_timeout, overlays; see "
+                            "scenarios/profiles/)")
+    run.add_argument("--url", metavar="URL", help="with --launch: where the server will answer (default with "
+                                                   "{port} in the command: http://127.0.0.1:{port})")
+    run.add_argument("--startup-timeout", type=float, metavar="SECONDS",
+                     help="with --launch or --profile: seconds to wait for the server (default: the profile's, "
+                          "else 600)")
     run.add_argument("--model", default="gemma3-270m", help="embedded model (default: gemma3-270m)")
     run.add_argument("--scenario", default="default", metavar="FILE",
                      help="scenario TOML, or a name in scenarios/ (default: default)")
@@ -39,7 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="server dialect when attaching (default: detect)")
     run.add_argument("--isolate", action="store_true",
                      help="re-send every fail- or warn-class request alone (k hits, k cold) before finishing")
-    run.add_argument("--verbose", action="store_true", help="also print info-level findings")
+    run.add_argument("--verbose", action="store_true",
+                     help="also print info-level findings and a launched server's output")
+
+    matrix = sub.add_parser("matrix", help="run one scenario once per launch profile (a fresh server each), "
+                                           "write DIR/matrix.json and DIR/matrix.md")
+    matrix.add_argument("--profile", metavar="FILE", action="append", required=True,
+                        help="launch profile TOML; repeat for each configuration")
+    matrix.add_argument("--scenario", default="default", metavar="FILE",
+                        help="scenario TOML, or a name in scenarios/ (default: default)")
+    matrix.add_argument("--out", metavar="DIR", required=True,
+                        help="folder for DIR/<profile>.jsonl, DIR/matrix.json and DIR/matrix.md")
+    matrix.add_argument("--headless", action="store_true", help="no TUI: rows on the console as they finish")
+    matrix.add_argument("--verbose", action="store_true", help="also print each server's output")
 
     replay = sub.add_parser("replay", help="open a recorded soak log in the app (final state first, then play)")
     replay.add_argument("log", metavar="LOG")
@@ -75,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, console, err, argv)
         if args.command == "report":
             return _report(args, console)
+        if args.command == "matrix":
+            return _matrix(args, console, err, argv)
         if args.command == "replay":
             return _replay(args)
         if args.command == "refserver":
@@ -122,15 +148,34 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
     from .core.report import RunReport
     from .core.power import power_line
     from .headless import HeadlessConsole, summary_renderable
-    from .runner import default_log_path, run_embedded, run_soak
+    from .runner import default_log_path, run_embedded, run_launched, run_soak
     from .core.engine import Target
+    from .core.profiles import adhoc_plan, load_profile, resolve_profile_path
 
+    if args.url and not args.launch:
+        raise HitproofError("--url goes with --launch (use --attach URL for a server you started yourself)")
+    if args.startup_timeout is not None and not (args.launch or args.profile):
+        raise HitproofError("--startup-timeout goes with --launch or --profile")
+    if args.startup_timeout is not None and args.startup_timeout <= 0:
+        raise HitproofError("--startup-timeout must be more than 0 seconds")
     scenario = load_scenario(resolve_scenario_path(args.scenario))
+    plan = None
+    if args.profile:        # validated (exit 2) before anything starts
+        profile = load_profile(resolve_profile_path(args.profile))
+        plan = profile.plan()
+        if args.startup_timeout is not None:
+            plan.startup_timeout = args.startup_timeout
+    elif args.launch:
+        plan = adhoc_plan(args.launch, _normalize_url(args.url) if args.url else None, args.startup_timeout)
     record = None if args.no_record else Path(args.record) if args.record else default_log_path()
-    engine = None if args.attach else (args.engine or "vllm")
+    engine = None if (args.attach or plan) else (args.engine or "vllm")
+    label = engine or ((plan.profile or {}).get("name") if plan else None) or "server"
 
     def progress(line: str) -> None:
-        err.print(f"[{engine or 'server'}] {line}", markup=False, highlight=False)
+        err.print(f"[{label}] {line}", markup=False, highlight=False)
+
+    def echo(line: str) -> None:       # --verbose: the launched server's output as it comes
+        err.print(f"[{label} log] {line}", style="grey50", markup=False, highlight=False)
 
     if engine:
         from .engines import SetupError, prepare
@@ -141,13 +186,16 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
             raise HitproofError(str(exc)) from None
 
     hitproof_argv = ["hitproof", *argv]
-    url = None if engine else _normalize_url(args.attach)
+    url = _normalize_url(args.attach) if args.attach else None
 
     async def start(*, bus, listeners, after_run=None, on_engine=None, progress=progress):
         common = dict(bus=bus, record=record, listeners=listeners, argv=hitproof_argv, isolate=args.isolate,
                       after_run=after_run, on_engine=on_engine)
+        verbose = echo if args.verbose and args.headless else None
+        if plan is not None:
+            return await run_launched(scenario, plan, progress=progress, echo=verbose, **common)
         if engine:
-            return await run_embedded(scenario, engine, args.model, progress=progress, **common)
+            return await run_embedded(scenario, engine, args.model, progress=progress, echo=verbose, **common)
         return await run_soak(scenario, Target(url=url, dialect=args.dialect), **common)
 
     if not args.headless:
@@ -174,6 +222,68 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
     if record:
         console.print(f"log: {record}")
     return outcome.exit_code
+
+
+def _matrix(args, console: Console, err: Console, argv: list[str]) -> int:
+    from rich.table import Table
+    from rich.text import Text
+
+    from .core.profiles import load_profile, resolve_profile_path
+    from .headless import STATUS_STYLE, HeadlessConsole
+    from .matrix import RESULT, check_names, row_line, run_matrix
+
+    # Everything is validated before anything is launched: a bad profile or scenario is exit 2.
+    profiles = [load_profile(resolve_profile_path(p)) for p in args.profile]
+    check_names(profiles)
+    scenario = load_scenario(resolve_scenario_path(args.scenario))
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise HitproofError(f"--out {out}: exists and is not a folder")
+    if not args.headless:
+        err.print("hitproof: the matrix has no TUI screen yet; running headless", style="yellow")
+    total = len(profiles)
+    console.print(f"matrix: {total} profile(s) x scenario {scenario.name} -> {out}")
+    consoles: list[HeadlessConsole] = []
+
+    def listeners(profile):
+        console.print(Text(f"[{profiles.index(profile) + 1}/{total}] {profile.name}: launching", style="bold"))
+        consoles.append(HeadlessConsole(console, show_info=args.verbose))
+        return [consoles[-1]]
+
+    def progress(name: str, line: str) -> None:
+        err.print(f"[{name}] {line}", markup=False, highlight=False)
+
+    def echo(name: str, line: str) -> None:
+        err.print(f"[{name} log] {line}", style="grey50", markup=False, highlight=False)
+
+    def on_row(index: int, row: dict) -> None:
+        if consoles:
+            consoles[-1].stop()
+        console.print(Text(row_line(index, total, row), style=STATUS_STYLE.get(row["verdict"], "bold")))
+
+    started = time.monotonic()
+    try:
+        rows = asyncio.run(run_matrix(scenario, profiles, out, progress=progress, listeners=listeners,
+                                      on_row=on_row, echo=echo if args.verbose else None,
+                                      argv=["hitproof", *argv]))
+    except KeyboardInterrupt:
+        for c in consoles:
+            c.stop()
+        err.print(f"hitproof: matrix interrupted; rows so far in {out / 'matrix.json'}", style="yellow")
+        return EXIT_INTERRUPTED
+    table = Table(title=f"hitproof matrix ({time.monotonic() - started:.0f} s)", title_justify="left")
+    for column in ("profile", "result", "exit", "requests", "cache hits", "f/w/i", "fail kinds", "seconds"):
+        table.add_column(column, justify="right" if column in ("exit", "requests", "cache hits", "seconds")
+                         else "left")
+    for row in rows:
+        f = row["findings"]
+        table.add_row(row["profile"], Text(RESULT.get(row["verdict"], row["verdict"]),
+                                           style=STATUS_STYLE.get(row["verdict"], "")),
+                      str(row["exit_code"]), str(row["requests"]), str(row["cache_hits"]),
+                      f"{f['fail']}/{f['warn']}/{f['info']}", ", ".join(f["fail_kinds"]), f"{row['duration_s']:.0f}")
+    console.print(table)
+    console.print(f"matrix: {out / 'matrix.json'}, {out / 'matrix.md'}")
+    return 0
 
 
 def _run_app(start, record, err: Console) -> int:
@@ -203,7 +313,7 @@ def _replay(args) -> int:
 
 
 def _report(args, console: Console) -> int:
-    from .core.formats import to_junit, to_markdown
+    from .core.formats import incident_text, to_junit, to_markdown
     from .core.power import power_json
     from .core.recorder import iter_log
     from .core.report import RunReport
@@ -222,6 +332,9 @@ def _report(args, console: Console) -> int:
         text = to_junit(report)
     else:
         text = report_text(report)
+        incident = incident_text(report)
+        if incident:
+            text = text.rstrip("\n") + "\n" + incident
     if args.output:
         try:
             Path(args.output).write_text(text, encoding="utf-8")

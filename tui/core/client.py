@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import httpx
+import orjson
 
 from .errors import ServerProblem
 
@@ -223,8 +224,8 @@ class OpenAIClient:
     @staticmethod
     def _absorb(payload: bytes, result: Completion, chat: bool) -> str:
         try:
-            chunk = json.loads(payload)
-        except ValueError:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError:
             raise StreamError(f"malformed stream chunk: {payload[:80].decode('utf-8', 'replace')!r}") from None
         if not isinstance(chunk, dict):
             raise StreamError(f"malformed stream chunk: {payload[:80].decode('utf-8', 'replace')!r}")

@@ -7,10 +7,11 @@ decodes the same JSONL back into the same types, so what replay shows is what li
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
+
+import orjson
 
 SCHEMA_VERSION = 1
 
@@ -207,9 +208,10 @@ _FIELDS = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in EVEN
 
 
 def encode(event: Event) -> str:
+    # "type" first: readers classify a line by its prefix without parsing it.
     data = {"type": event.type}
     data.update(dataclasses.asdict(event))
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return orjson.dumps(data).decode()
 
 
 class DecodeError(ValueError):
@@ -218,8 +220,8 @@ class DecodeError(ValueError):
 
 def decode(line: str | bytes) -> Event:
     try:
-        data = json.loads(line)
-    except ValueError as exc:
+        data = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
         raise DecodeError(f"not JSON: {exc}") from None
     if not isinstance(data, dict) or "type" not in data:
         raise DecodeError("not an event object")

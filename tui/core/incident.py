@@ -156,8 +156,17 @@ def cache_reuse(argv: list[str], env: dict[str, str] | None = None) -> dict[str,
     return {"forced_off": False, "decided_by": "engine default" if argv else None}
 
 
+def server_args(argv: list[str]) -> list[str]:
+    """The server's own arguments: without the program, and without `python [opts] -m module`
+    (whose -m is the interpreter's, not llama.cpp's model flag)."""
+    if argv and Path(argv[0]).name.startswith("python") and "-m" in argv[1:]:
+        return argv[argv.index("-m", 1) + 2:]
+    return argv[1:]
+
+
 def command_facts(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     """Everything the launch command line says about the incident (pure)."""
+    argv = [argv[0], *server_args(argv)] if argv else []
     opts = _options(argv)
     value = lambda *names: (lambda hit: hit[1] if hit else None)(_last(opts, *names))   # noqa: E731
     model = value("--model", "-m", "--model-path")
@@ -365,6 +374,13 @@ async def build_incident(*, url: str, argv: list[str] | None, env_of_interest: d
         "labels": cache_config,
     }
     reuse = dict(flags["cache_reuse"])
+    enabled = str(cache_config.get("enable_prefix_caching", "")).lower()
+    if enabled in ("true", "false"):      # the server's own word (vLLM cache_config_info) beats a flag guess
+        said = f"server: vllm:cache_config_info enable_prefix_caching={cache_config['enable_prefix_caching']}"
+        if reuse.get("decided_by") in (None, "engine default") or reuse.get("forced_off") != (enabled == "false"):
+            reuse = {"forced_off": enabled == "false", "decided_by": said}
+        else:
+            reuse["confirmed_by"] = said
     if facts.get("cache_reuse_forced_off") is not None:
         reuse = {"forced_off": bool(facts["cache_reuse_forced_off"]), "decided_by": "profile facts"}
     return {

@@ -12,7 +12,8 @@
     quantization = "nvfp4"
 
 ``{port}`` in command and url becomes a port that was free a moment before the launch (a matrix
-never collides), ``{python}`` the interpreter running hitproof. ``~`` at the start of a word of
+never collides), ``{python}`` the interpreter running hitproof, ``{profile_dir}`` the folder of
+the profile file. ``~`` at the start of a word of
 the command (or after ``=`` in ``--flag=~/x``) and in env values is the home directory. Overlay
 paths are relative to the profile file; each must exist and its sha256 goes in the run header.
 Errors name file, line and key, like scenario errors.
@@ -63,6 +64,7 @@ class Profile:
     description: str = ""
     source: str = "<profile>"
     text: str = ""
+    base: str = "."                  # the profile file's folder: overlays and {profile_dir}
 
     @property
     def sha256(self) -> str:
@@ -73,14 +75,14 @@ class Profile:
         if port is None and ("{port}" in self.command or "{port}" in self.url):
             from .launch import free_port
             port = free_port()
-        command = _fill(self.command, port)
+        command = _fill(self.command, port, self.base, shell=True)
         try:
             argv = [_expand(word) for word in shlex.split(command)]
         except ValueError as exc:     # validated at load; a {python} path with a quote could still break it
             raise BadInput(f"{self.source}: command: {exc}") from None
-        env_add = {k: os.path.expanduser(_fill(v, port)) for k, v in self.env.items()}
+        env_add = {k: os.path.expanduser(_fill(v, port, self.base)) for k, v in self.env.items()}
         return LaunchPlan(
-            argv=argv, url=_fill(self.url, port).rstrip("/"), env=_child_env(env_add),
+            argv=argv, url=_fill(self.url, port, self.base).rstrip("/"), env=_child_env(env_add),
             env_of_interest=env_of_interest(env_add, _child_env(env_add)),
             startup_timeout=self.startup_timeout, engine=_engine_guess(argv), facts=dict(self.facts),
             profile={"name": self.name, "source": self.source, "sha256": self.sha256,
@@ -191,9 +193,9 @@ def parse_profile(text: str, source: str = "<profile>", *, base: Path | None = N
     if url.endswith("/v1"):
         url = url[:-3]
     for placeholder in re.findall(r"\{([^{}]*)\}", command + " " + url):
-        if placeholder not in ("port", "python"):
+        if placeholder not in ("port", "python", "profile_dir"):
             raise fail("command" if placeholder in re.findall(r"\{([^{}]*)\}", command) else "url",
-                       f"unknown placeholder {{{placeholder}}} (known: {{port}}, {{python}})")
+                       f"unknown placeholder {{{placeholder}}} (known: {{port}}, {{python}}, {{profile_dir}})")
 
     env = data.get("env", {})
     if not isinstance(env, dict):
@@ -237,7 +239,7 @@ def parse_profile(text: str, source: str = "<profile>", *, base: Path | None = N
 
     return Profile(name=name, command=command, url=url, env=clean_env, startup_timeout=float(timeout),
                    overlays=tuple(overlays), facts=dict(facts), description=description, source=source,
-                   text=text)
+                   text=text, base=str(base))
 
 
 def adhoc_plan(command: str, url: str | None, startup_timeout: float | None = None) -> LaunchPlan:
@@ -264,8 +266,9 @@ def _toml_str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _fill(text: str, port: int | None) -> str:
-    text = text.replace("{python}", shlex.quote(sys.executable))
+def _fill(text: str, port: int | None, base: str = ".", shell: bool = False) -> str:
+    q = shlex.quote if shell else str
+    text = text.replace("{python}", q(sys.executable)).replace("{profile_dir}", q(base))
     return text.replace("{port}", str(port)) if port is not None else text
 
 

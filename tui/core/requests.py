@@ -61,9 +61,20 @@ class Record:
 
 @dataclass
 class PhaseState:
+    """What a phase has seen, as running totals: a night-long phase keeps its memory flat."""
+
     name: str
-    records: list[Record] = field(default_factory=list)       # main arm only
-    controls: list[Record] = field(default_factory=list)
+    requests: int = 0                 # main arm
+    hit_count: int = 0
+    unknown_cached: int = 0           # main-arm requests whose server did not report cached tokens
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+    control_requests: int = 0
+    reported_cached: int = 0          # main + control + isolation, for the metric comparison
+    reported_unknown: bool = False
+    ttft_cold: list[float] = field(default_factory=list)
+    ttft_hit: list[float] = field(default_factory=list)
+    last: Record | None = None
     inconclusive: list[str] = field(default_factory=list)
     findings: dict[str, int] = field(default_factory=lambda: {"fail": 0, "warn": 0, "info": 0})
     expected_hits: int = 0
@@ -75,6 +86,28 @@ class PhaseState:
     extra: dict[str, Any] = field(default_factory=dict)
     finished: bool = False
 
+    def note(self, record: Record, arm: str) -> None:
+        if record.cached is None:
+            self.reported_unknown = True
+        else:
+            self.reported_cached += record.cached
+        if arm != "main":
+            self.control_requests += arm == "control"
+            return
+        self.requests += 1
+        self.last = record
+        self.cached_tokens += record.cached or 0
+        self.prompt_tokens += record.completion.prompt_tokens or 0
+        ttft = record.completion.ttft_s
+        if record.cached is None:
+            self.unknown_cached += 1
+        elif record.hit:
+            self.hit_count += 1
+            if ttft:
+                self.ttft_hit.append(ttft)
+        elif ttft:
+            self.ttft_cold.append(ttft)
+
     @property
     def fail_findings(self) -> int:
         return self.findings["fail"]
@@ -83,34 +116,26 @@ class PhaseState:
         if reason not in self.inconclusive:
             self.inconclusive.append(reason)
 
-    def hits(self) -> list[Record]:
-        return [r for r in self.records if r.hit]
-
     def status(self) -> tuple[str, list[str]]:
         reasons = list(self.inconclusive)
-        if self.hits_required and self.records and not self.hits() and \
-                not any(r.cached is None for r in self.records):
+        if self.hits_required and self.requests and not self.hit_count and not self.unknown_cached:
             reasons.append("no request got a cache hit")
         if self.fail_findings:
             return "fail", reasons
         return ("inconclusive", reasons) if reasons else ("pass", [])
 
     def summary(self) -> dict[str, Any]:
-        every = self.records + self.controls
-        cold = [r.completion.ttft_s for r in self.records if r.cached == 0 and r.completion.ttft_s]
-        warm = [r.completion.ttft_s for r in self.records if r.hit and r.completion.ttft_s]
-        reported = [r.cached for r in every]
-        reported_sum = sum(reported) if reported and None not in reported else None
+        reported_sum = None if self.reported_unknown else self.reported_cached
         metric_hits = cached_tokens_delta(self.metrics_before, self.metrics_after)
         summary = {
-            "requests": len(self.records),
-            "control_requests": len(self.controls),
-            "hits": len(self.hits()),
+            "requests": self.requests,
+            "control_requests": self.control_requests,
+            "hits": self.hit_count,
             "expected_hits": self.expected_hits,
-            "cached_tokens": sum(r.cached or 0 for r in self.records),
-            "prompt_tokens": sum(r.completion.prompt_tokens or 0 for r in self.records),
-            "ttft_cold_ms": _ms(statistics.median(cold)) if cold else None,
-            "ttft_hit_ms": _ms(statistics.median(warm)) if warm else None,
+            "cached_tokens": self.cached_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "ttft_cold_ms": _ms(statistics.median(self.ttft_cold)) if self.ttft_cold else None,
+            "ttft_hit_ms": _ms(statistics.median(self.ttft_hit)) if self.ttft_hit else None,
             "cold_failures": self.cold_failures,
             "model_failures": self.model_failures,
             "findings": dict(self.findings),
@@ -268,7 +293,7 @@ class Requester:
                              finish_reason=completion.finish_reason, checks=found,
                              logprobs=completion.logprobs))
         record = Record(index, state.name, task, spec, memo, slot, round, turn, completion, found)
-        (state.records if arm == "main" else state.controls).append(record)
+        state.note(record, arm)
         self._remember(record)
         if arm == "main":
             await self._judge(state, record, expect, tuple(judges), control)

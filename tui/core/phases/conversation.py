@@ -27,6 +27,7 @@ async def run(rq, state) -> None:
     transcript = f"{memo.text}\n"
     messages: list[dict[str, str]] = []
     previous_cached = None
+    cached_by_turn = []
     for turn in range(1, s.conversation.turns + 2):
         final = turn == s.conversation.turns + 1
         if final:
@@ -56,4 +57,5 @@ async def run(rq, state) -> None:
             rq.finding(state, "no_hits", "warn", record,
                        detail=f"turn {turn}: cached tokens did not rise ({previous_cached} -> {record.cached})")
         previous_cached = record.cached
-    state.extra["cached_by_turn"] = [r.cached for r in state.records]
+        cached_by_turn.append(record.cached)
+    state.extra["cached_by_turn"] = cached_by_turn

@@ -47,7 +47,7 @@ async def run(rq, state) -> None:
                   for _ in range(d.short_runs)]
     if len(hits) < 2:
         state.mark_inconclusive("the determinism hits got no cache hit")
-        rq.finding(state, "no_hits", "warn", state.records[-1], detail="determinism: repeats of the memo "
+        rq.finding(state, "no_hits", "warn", state.last, detail="determinism: repeats of the memo "
                    "reported 0 cached tokens")
         return
     verdict = classify_determinism(cold.text, [h.text for h in hits], cold_again.text, [r.text for r in short_runs])

@@ -15,7 +15,7 @@ CODE = "7395-2841-6620"
 
 
 def test_generator_grows_every_turn_and_plants_one_code():
-    convo = generate(tools=8, turns=6, growth_tokens=160, integrity_every=2, code=CODE, seed="s", max_tokens=16,
+    convo = generate(tools=8, turns=6, growth_tokens=160, integrity_every=2, code=CODE, seed="s", nonce="qwertyui", max_tokens=16,
                      recall_max_tokens=20)
     prompts = [t.prompt for t in convo.turns]
     assert [t.task for t in convo.turns] == ["turn", "turn", "recall", "turn", "recall", "recall"]
@@ -29,6 +29,7 @@ def test_generator_grows_every_turn_and_plants_one_code():
     assert all(p.endswith("Assistant: The reconciliation code is") for p, t in zip(prompts, convo.turns)
                if t.task == "recall")
     assert CODE in convo.opening
+    assert prompts[0].startswith("System: Session qwertyui.")                 # the nonce in the first block
 
 
 def test_capture_errors_name_file_and_line(tmp_path):

@@ -61,11 +61,12 @@ def tool_schema(name: str, index: int) -> dict[str, Any]:
 
 
 def generate(*, tools: int, turns: int, growth_tokens: int, integrity_every: int, code: str, seed: str,
-             max_tokens: int, recall_max_tokens: int, tokens_per_sentence: float = 22.0) -> Conversation:
+             nonce: str, max_tokens: int, recall_max_tokens: int, tokens_per_sentence: float = 22.0) -> Conversation:
     """A completion-style agent transcript that grows every turn (see the module docstring)."""
     filler = SentenceSource(f"agent:{seed}")
     schemas = [tool_schema(TOOL_NAMES[i % len(TOOL_NAMES)], i) for i in range(tools)]
-    head = ("System: You are an operations agent for the accounts office. Call a tool by writing "
+    # The run's nonce first: no conversation ever starts from a warm cache.
+    head = (f"System: Session {nonce}. You are an operations agent for the accounts office. Call a tool by writing "
             "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>. Tools:\n"
             + "\n".join(json.dumps(s["function"], separators=(", ", ": ")) for s in schemas) + "\n")
     transcript = head
@@ -73,10 +74,10 @@ def generate(*, tools: int, turns: int, growth_tokens: int, integrity_every: int
     opening = ""
     sentences = max(1, round(growth_tokens / tokens_per_sentence))
     def tool_exchange(t: int, tool: str) -> str:
-        result: dict[str, Any] = {"reference": f"step-{t + 1}", "status": "found",
-                                  "notes": " ".join(filler.next() for _ in range(sentences))}
-        if t == 0:
-            result = {"reference": "step-1", "reconciliation_code": code, **result}
+        notes = " ".join(filler.next() for _ in range(sentences))
+        if t == 0:        # worded as in the memos, which a small base model recalls exactly
+            notes = f"The reconciliation code for this order is {code}. Keep it verbatim. {notes}"
+        result: dict[str, Any] = {"reference": f"step-{t + 1}", "status": "found", "notes": notes}
         return (f" <tool_call>{{\"name\": \"{tool}\", \"arguments\": {{\"reference\": \"step-{t + 1}\"}}}}"
                 f"</tool_call>\nTool: {json.dumps(result)}\n")
 

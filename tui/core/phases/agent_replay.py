@@ -35,7 +35,8 @@ def conversation(rq, state) -> Conversation:
     code = rq.engine.codes.new_code()
     growth = max(a.growth_tokens, rq.server.grid + 16)
     return generate(tools=a.tools, turns=a.turns, growth_tokens=growth, integrity_every=a.integrity_every,
-                    code=code, seed=f"{rq.scenario.seed}:{rq.engine.nonce}", max_tokens=a.max_tokens,
+                    code=code, seed=f"{rq.scenario.seed}:{rq.engine.nonce}", nonce=rq.engine.nonce,
+                    max_tokens=a.max_tokens,
                     recall_max_tokens=rq.scenario.evidence.recall_max_tokens)
 
 

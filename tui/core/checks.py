@@ -195,3 +195,61 @@ def compare_logprobs(a: list[list], b: list[list]) -> LogprobComparison:
         if x[1] is not None and y[1] is not None:
             delta = max(delta, abs(x[1] - y[1]))
     return LogprobComparison(None, round(delta, 6), None)
+
+
+@dataclass(frozen=True)
+class FingerprintMatch:
+    """How close a run is to a fingerprint (both [token, logprob, [[alt, logprob], ...]] lists)."""
+
+    agreeing: int               # leading tokens that are the same
+    same_tokens: bool           # every compared token the same
+    distance: float             # largest |logprob difference| over the top-k entries both share,
+                                # up to and including the first differing token (inf: nothing shared)
+
+    def matches(self, tolerance: float) -> bool:
+        return self.same_tokens and self.distance <= tolerance
+
+    def closer_than(self, other: "FingerprintMatch") -> bool:
+        """More leading tokens in common, or as many and smaller log-probability differences."""
+        return (self.agreeing, -self.distance) > (other.agreeing, -other.distance)
+
+
+def fingerprint_match(run: list[list], fingerprint: list[list], tokens: int) -> FingerprintMatch:
+    a, b = run[:tokens], fingerprint[:tokens]
+    agreeing = 0
+    distance = 0.0
+    shared = False
+    for x, y in zip(a, b):
+        mine = {tok: lp for tok, lp in x[2] if lp is not None}
+        if x[1] is not None:
+            mine.setdefault(x[0], x[1])
+        theirs = {tok: lp for tok, lp in y[2] if lp is not None}
+        if y[1] is not None:
+            theirs.setdefault(y[0], y[1])
+        for tok in mine.keys() & theirs.keys():
+            shared = True
+            distance = max(distance, abs(mine[tok] - theirs[tok]))
+        if x[0] != y[0]:
+            break
+        agreeing += 1
+    same = agreeing == len(a) == len(b)
+    return FingerprintMatch(agreeing, same, round(distance, 6) if shared else float("inf"))
+
+
+def classify_fingerprint(own: FingerprintMatch, others: dict[str, FingerprintMatch],
+                         tolerance: float, tokens: int = 12) -> tuple[str, str | None]:
+    """("match", None) | ("foreign_state", memo) when another memo's fingerprint is closer than the
+    run's own | ("mismatch", None) when it differs from its own and is closer to no other.
+
+    "Closer" needs real agreement with that other memo: a third of the tokens (at least two) the
+    same, and their log-probabilities the same within the tolerance. Continuations often share
+    a first word or two ("The memo says"), but not the log-probabilities of another state."""
+    if own.matches(tolerance):
+        return "match", None
+    needed = max(2, -(-tokens // 3))
+    closer = [(memo, m) for memo, m in others.items()
+              if m.closer_than(own) and m.agreeing >= needed and m.distance <= tolerance]
+    if closer:
+        memo, _ = max(closer, key=lambda item: (item[1].agreeing, -item[1].distance))
+        return "foreign_state", memo
+    return "mismatch", None

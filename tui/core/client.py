@@ -262,9 +262,10 @@ def parse_logprobs(data: dict) -> list[list]:
     and legacy completions / vLLM (`tokens`, `token_logprobs`, `top_logprobs` dicts)."""
     out = []
     if isinstance(data.get("content"), list):
+        # llama.cpp gives token ids: byte tokens often have an empty or replacement-char text
         for entry in data["content"]:
-            top = [[alt.get("token", ""), alt.get("logprob")] for alt in entry.get("top_logprobs") or []]
-            out.append([entry.get("token", ""), entry.get("logprob"), top])
+            top = [[alt.get("id", alt.get("token", "")), alt.get("logprob")] for alt in entry.get("top_logprobs") or []]
+            out.append([entry.get("id", entry.get("token", "")), entry.get("logprob"), top])
         return out
     tokens = data.get("tokens") or []
     values = data.get("token_logprobs") or []

@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import hashlib
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
+
+import orjson
 
 from . import checks
 from .client import Completion, RequestSpec
@@ -171,6 +174,8 @@ class Requester:
         # Recent records, for isolation re-runs; flagged ones are kept for the whole run.
         self._recent: collections.OrderedDict[int, Record] = collections.OrderedDict()
         self._flagged: dict[int, Record] = {}
+        self.fingerprints: dict[str, Fingerprint] = {}      # prompt key -> its cold run
+        self._fingerprint_notes: set[str] = set()
         self.long_memo: Memo | None = None
         # llama.cpp matches prompts token by token: a fresh memo still shares the first few
         # tokens ("<bos>Memo") with whatever its slot held, so "cold" allows those.
@@ -186,7 +191,7 @@ class Requester:
                    tag: str = "") -> Memo:
         self._next_memo += 1
         memo_id = f"m{self._next_memo:02d}{('-' + tag) if tag else ''}"
-        code = self.engine.codes.new_code() if with_code else None
+        code = self.engine.codes.new_code() if with_code and self.scenario.evidence.codes else None
         memo = await build_memo(self.counter, memo_id=memo_id, nonce=self.engine.nonce, code=code,
                                 target_tokens=tokens, grid=self.server.grid,
                                 code_position=self.scenario.evidence.code_position, seed=self.scenario.seed)
@@ -244,6 +249,9 @@ class Requester:
     def spec(self, *, prompt: str | None = None, messages: list | None = None, max_tokens: int,
              salt: str | None = None, stop: list[str] | None = None, logprobs: int | None = None) -> RequestSpec:
         s = self.scenario
+        if s.evidence.fingerprints and logprobs is None:
+            logprobs = s.evidence.fingerprint_top_k
+            max_tokens = max(max_tokens, s.evidence.fingerprint_tokens)
         return RequestSpec(api="chat" if messages is not None else "completions", prompt=prompt,
                            messages=messages, max_tokens=max_tokens, temperature=s.sampling.temperature,
                            seed=s.sampling.seed, salt=salt, stop=stop, model=self.server.model, logprobs=logprobs)
@@ -330,6 +338,8 @@ class Requester:
                          detail=f"expected a cold request, got {record.cached} cached tokens")
         if expect == "hit":
             state.expected_hits += 1
+        if self.scenario.evidence.fingerprints and record.memo is not None:
+            await self._judge_fingerprint(state, record)
         problems = hit_path_problems(c)
         if not problems or not control:
             return
@@ -368,6 +378,93 @@ class Requester:
                              control_request=control.request, cached_tokens=record.cached,
                              control_text=control.text[:400])
 
+    # --- fingerprints ------------------------------------------------------------------------
+
+    async def _cold_fingerprint(self, state: PhaseState, record: Record) -> Fingerprint | None:
+        """The cold run of this exact prompt: this record if it was cold, else one more request."""
+        key = prompt_key(record.spec)
+        if key in self.fingerprints:
+            return self.fingerprints[key]
+        if record.cached is not None and record.cached <= self.cold_tolerance:
+            source = record
+        else:
+            source = await self.send(state, dataclasses.replace(record.spec, salt=self.fresh_salt()),
+                                     task=record.task, memo=record.memo, slot=record.slot, round=record.round,
+                                     turn=record.turn, expect="cold", arm="control", of_request=record.request)
+            if source.cached and source.cached > self.cold_tolerance:
+                return None                      # no cold run to be had: cold_not_cold was reported
+        if not source.completion.logprobs:
+            self._note_once(state, "no_logprobs", "the server returned no log-probabilities: fingerprints "
+                            "cannot be compared", record)
+            return None
+        fingerprint = Fingerprint(record.memo.memo_id, record.task, source.request, source.completion.logprobs)
+        self.fingerprints[key] = fingerprint
+        self._check_distinct(state, fingerprint, record)
+        return fingerprint
+
+    def _check_distinct(self, state: PhaseState, new: Fingerprint, record: Record) -> None:
+        e = self.scenario.evidence
+        for other in self.fingerprints.values():
+            if other.memo == new.memo or other.task != new.task:
+                continue
+            if checks.fingerprint_match(new.logprobs, other.logprobs, e.fingerprint_tokens).matches(
+                    e.fingerprint_tolerance):
+                self._note_once(state, f"indistinct:{state.name}",
+                                f"memos {other.memo} and {new.memo} have the same fingerprint (requests "
+                                f"{other.request} and {new.request}): leak detection by fingerprint is inconclusive "
+                                f"in this phase", record, inconclusive=True)
+
+    def _note_once(self, state: PhaseState, key: str, detail: str, record: Record, inconclusive: bool = False) -> None:
+        if key in self._fingerprint_notes:
+            return
+        self._fingerprint_notes.add(key)
+        if inconclusive:
+            state.mark_inconclusive(detail)
+        self.finding(state, "fingerprint_indistinct" if inconclusive else "fingerprint_unavailable", "info",
+                     record, detail=detail)
+
+    async def _judge_fingerprint(self, state: PhaseState, record: Record) -> None:
+        e = self.scenario.evidence
+        own = await self._cold_fingerprint(state, record)
+        if own is None or not record.hit or own.request == record.request:
+            return
+        run = record.completion.logprobs
+        mine = checks.fingerprint_match(run, own.logprobs, e.fingerprint_tokens)
+        others = {fp.memo: checks.fingerprint_match(run, fp.logprobs, e.fingerprint_tokens)
+                  for fp in self.fingerprints.values() if fp.task == record.task and fp.memo != own.memo}
+        verdict, owner = checks.classify_fingerprint(mine, others, e.fingerprint_tolerance, e.fingerprint_tokens)
+        record.checks["fingerprint"] = {"verdict": verdict, "own_distance": mine.distance,
+                                        "own_agreeing": mine.agreeing, "closest": owner}
+        if verdict == "match":
+            return
+        indistinct = any(key.startswith("indistinct:") and key.endswith(state.name) for key in self._fingerprint_notes)
+        if verdict == "foreign_state" and not indistinct:
+            theirs = others[owner]
+            self.finding(state, "foreign_state", "fail", record,
+                         detail=(f"the hit's continuation is closer to memo {owner}'s cold fingerprint ({theirs.agreeing} "
+                                 f"tokens agree, log-probabilities within {theirs.distance:.4f}) than to its own "
+                                 f"({mine.agreeing} tokens, {mine.distance:.4f}): another request's state"),
+                         owner=owner, own_request=own.request, own_distance=mine.distance,
+                         owner_distance=theirs.distance)
+            return
+        # differs from its own fingerprint: fail only if the cold path reproduces itself
+        again = await self.send(state, dataclasses.replace(record.spec, salt=self.fresh_salt()), task=record.task,
+                                memo=record.memo, slot=record.slot, round=record.round, turn=record.turn,
+                                expect="cold", arm="control", of_request=record.request)
+        cold_again = checks.fingerprint_match(again.completion.logprobs, own.logprobs, e.fingerprint_tokens)
+        where = f"token {mine.agreeing}, log-probabilities {mine.distance:.4f} apart"
+        if cold_again.matches(e.fingerprint_tolerance):
+            self.finding(state, "fingerprint_mismatch", "fail", record,
+                         detail=(f"the hit differs from its own cold fingerprint ({where}) while a second cold run "
+                                 f"(request {again.request}) reproduces it: corruption on the hit path"),
+                         own_request=own.request, control_request=again.request, own_distance=mine.distance)
+        else:
+            self.finding(state, "fingerprint_mismatch", "info", record,
+                         detail=(f"the hit differs from its cold fingerprint ({where}), but so does a second cold run "
+                                 f"(request {again.request}): the kernel, not the cache"),
+                         own_request=own.request, control_request=again.request)
+
+
 
 async def concurrently(*coroutines):
     """gather() that cancels the siblings when one fails, so no slot outlives the phase."""
@@ -379,6 +476,19 @@ async def concurrently(*coroutines):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    memo: str
+    task: str
+    request: int
+    logprobs: list[list]
+
+
+def prompt_key(spec: RequestSpec) -> str:
+    body = spec.prompt if spec.prompt is not None else orjson.dumps(spec.messages).decode()
+    return hashlib.sha1(body.encode()).hexdigest()
 
 
 def evaluate(text: str, task: str, code: str | None, registry: dict[str, str],

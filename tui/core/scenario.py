@@ -32,6 +32,12 @@ class Evidence:
     recall_max_tokens: int = 24
     summary_max_tokens: int = 100
     turn_max_tokens: int = 32
+    codes: bool = True               # plant codes (models that can read them back)
+    fingerprints: bool = False       # compare every hit's greedy tokens and log-probabilities with the
+                                     # cold run of the same prompt, and with the other memos' (any model)
+    fingerprint_tokens: int = 12     # how many leading output tokens make a fingerprint
+    fingerprint_top_k: int = 5       # log-probabilities per token
+    fingerprint_tolerance: float = 0.0   # nats; exact on llama.cpp CPU, small for GPU kernels
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,7 @@ _MINIMUMS = {
     "memo_tokens": 64, "recall_max_tokens": 8, "summary_max_tokens": 1, "turn_max_tokens": 1,
     "turns": 1, "turn_tokens": 8, "streams": 1, "rounds": 1, "slots": 2, "max_tokens": 1,
     "short_memo_tokens": 32, "short_runs": 2, "requests": 1, "concurrency": 1, "k": 1,
+    "fingerprint_tokens": 1, "fingerprint_top_k": 1, "fingerprint_tolerance": 0.0,
     "tools": 1, "growth_tokens": 8, "integrity_every": 1, "acceptance_collapse": 1.0,
     "block_size": 0, "suffix_tokens": 1, "logprobs": 0, "logprob_tolerance": 0.0, "length_step_tokens": 0, "request_timeout": 1,
 }
@@ -287,6 +294,11 @@ def _coerce(text: str, source: str, section: str, key: str, value: Any, default:
 def _check_relations(s: Scenario, text: str, source: str) -> None:
     if not 0.0 < s.evidence.code_position < 1.0:
         raise _fail(text, source, "evidence", "code_position", "must be between 0 and 1 (exclusive)")
+    if not s.evidence.codes and not s.evidence.fingerprints:
+        raise _fail(text, source, "evidence", "codes", "with codes off, fingerprints must be on: nothing else "
+                    "would be checked on a hit")
+    if s.evidence.fingerprints and s.sampling.temperature != 0:
+        raise _fail(text, source, "sampling", "temperature", "fingerprints compare greedy runs: use temperature = 0")
     if s.sampling.temperature < 0:
         raise _fail(text, source, "sampling", "temperature", "must be >= 0")
     if s.rotation.slots > 256 or s.shared_concurrency.streams > 256:

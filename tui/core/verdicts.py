@@ -9,7 +9,8 @@ from .errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, EXIT_PASS, E
 FINDING_KINDS = (
     "foreign_code", "recall_miss", "wrong_task", "empty_answer", "repetition",
     "cache_path_divergence", "kernel_nondeterminism", "no_hits", "cold_not_cold", "server_error",
-    "acceptance_collapse",
+    "acceptance_collapse", "foreign_state", "fingerprint_mismatch", "fingerprint_indistinct",
+    "fingerprint_unavailable",
 )
 SEVERITIES = ("fail", "warn", "info")
 

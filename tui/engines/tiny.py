@@ -51,8 +51,8 @@ BUILD_PACKAGES = (
 RECIPE = "tiny-recipe-3"  # bump when tiny_build.py changes what it makes
 BUILDER = Path(__file__).parent / "tiny_build.py"
 VOCAB = 2048
-CONTEXT = 8192  # split over the slots: 4,096 tokens each
-SLOTS = 2
+CONTEXT = 16384  # split over the slots: 4,096 tokens each
+SLOTS = 4
 STARTUP_TIMEOUT = 60.0  # a 8 MB model loads in well under a second
 _VERIFY_TIMEOUT = 180.0  # a few tokens take milliseconds, unless the 2 cores are busy elsewhere
 # What the converter copy in the cache gets instead of refusing our tokenizer: its hash is

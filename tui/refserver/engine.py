@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .cache import PrefixCache
 from .config import RefServerConfig
 from .faults import Restore, make_fault
-from .model import Generation, generate, state_digest
+from .model import Generation, fingerprint_digest, generate
 from .tokenizer import Token, tokenize
 
 
@@ -88,7 +88,7 @@ class Engine:
         self.stats.hits += cached
         self.stats.prompt_tokens += len(prompt)
         return Admission(request_id, prompt, hashes, cached, state, generation,
-                         state_digest(state), jitter is not None)
+                         fingerprint_digest(state), jitter is not None)
 
     def prefill_seconds(self, adm: Admission) -> float:
         return (adm.prompt_tokens - adm.cached_tokens) * self.config.prefill_us_per_token / 1e6

@@ -85,6 +85,23 @@ def state_digest(state: Sequence[Token]) -> bytes:
     return hashlib.blake2b(array("I", [t.id for t in state]).tobytes(), digest_size=16).digest()
 
 
+FINGERPRINT_HEAD = 16   # the memo's identity sits in its first tokens (memo id, run nonce)
+QUESTION_MARKS = ("Question", "User")
+
+
+def fingerprint_digest(state: Sequence[Token]) -> bytes:
+    """What the log-probabilities depend on: whose state this is (its head) and what is asked
+    (its tail), like a recurrent state summarising the memo. A correct hit gives the cold
+    values exactly; a restore of another memo's state gives *that* memo's values for the same
+    question; a zeroed state gives values of no memo at all."""
+    start = max(FINGERPRINT_HEAD, len(state) - 48)
+    for i in range(len(state) - 1, FINGERPRINT_HEAD - 1, -1):
+        if state[i].text in QUESTION_MARKS:
+            start = i
+            break
+    return state_digest(list(state[:FINGERPRINT_HEAD]) + list(state[start:]))
+
+
 def split_question(text: str) -> tuple[str, str]:
     """(context before the last question, the question).
 

@@ -52,7 +52,7 @@ def test_launch_argv():
     assert argv[0] == "/x/llama-server"
     joined = " ".join(argv)
     for part in ("-m /m/q.gguf", "--alias qwen3next-tiny", "--host 127.0.0.1", "--port 8123",
-                 "-c 8192", "--parallel 2", "--metrics", "-lv 4", "--chat-template chatml", "--poll 0"):
+                 "-c 16384", "--parallel 4", "--metrics", "-lv 4", "--chat-template chatml", "--poll 0"):
         assert part in joined, part
 
 
@@ -102,7 +102,7 @@ def test_launch_spec_for_a_tiny_model(tmp_path, monkeypatch):
     assert facts["seed"] == tiny.TINY_MODELS["granite-h-tiny"].seed
     assert "random" in facts["weights"]
     assert facts["engine_version"] == "fake 1"
-    assert facts["slots"] == 2 and facts["context_per_slot"] == 4096
+    assert facts["slots"] == 4 and facts["context_per_slot"] == 4096
 
 
 def test_launch_spec_before_the_build_says_what_to_run(tmp_path, monkeypatch):

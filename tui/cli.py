@@ -325,6 +325,7 @@ def _report(args, console: Console) -> int:
     if args.format == "json":
         data = report.to_json()
         data["power"] = power_json(report)
+        data["incident"] = ((report.header.target if report.header else None) or {}).get("incident") or None
         text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     elif args.format == "markdown":
         text = to_markdown(report)

@@ -47,7 +47,7 @@ def pending_row(profile: Profile, scenario: Scenario) -> dict[str, Any]:
             "scenario": scenario.name, "verdict": "not_run", "exit_code": None, "message": "not run yet",
             "requests": 0, "cache_hits": 0,
             "findings": {"fail": 0, "warn": 0, "info": 0, "fail_kinds": [], "kinds": {}},
-            "phases": {}, "log": None, "duration_s": 0.0, "soak_s": None, "server": {}}
+            "phases": {}, "log": None, "duration_s": 0.0, "startup_s": None, "soak_s": None, "server": {}}
 
 
 def fill_row(row: dict[str, Any], report: RunReport, log: Path | None) -> dict[str, Any]:
@@ -69,7 +69,10 @@ def fill_row(row: dict[str, Any], report: RunReport, log: Path | None) -> dict[s
         "requests": data["requests"], "cache_hits": data["cache_hits"],
         "findings": {**counts, "fail_kinds": sorted(fail_kinds), "kinds": dict(sorted(kinds.items()))},
         "phases": {name: phase.get("status") for name, phase in report.phases.items()},
-        "log": str(log) if log else None, "soak_s": round(report.last_t, 2),
+        "log": str(log) if log else None,
+        # the bus clock starts before the launch: the header's t is the start-up (and probe) time
+        "startup_s": round(report.header.t, 1) if report.header else None,
+        "soak_s": round(report.last_t - (report.header.t if report.header else 0.0), 1),
         "server": {"version": server.get("version") or (report.server.version if report.server else None),
                    "commit": server.get("commit"), "system_fingerprint": server.get("system_fingerprint"),
                    "model": model.get("served") or (report.server.model if report.server else None),

@@ -198,11 +198,12 @@ async def run_launched(scenario: Scenario, plan: LaunchPlan, *, bus: EventBus, r
             on_engine(engine)
 
     name = (plan.profile or {}).get("name") or plan.engine or "server"
+    prefix = f"profile {plan.profile['name']}: " if plan.profile else (f"{plan.engine}: " if plan.engine else "")
     try:
         try:
             await server.start()
         except LaunchError as exc:
-            raise ServerProblem(f"{name}: {exc}") from None
+            raise ServerProblem(f"{prefix}{exc}") from None
         if on_server is not None:
             on_server(server)
         progress(f"started {name} (pid {server.pid}): {server.command_line}")
@@ -210,7 +211,7 @@ async def run_launched(scenario: Scenario, plan: LaunchPlan, *, bus: EventBus, r
         try:
             await server.wait_ready(plan.startup_timeout, progress)
         except LaunchError as exc:
-            raise ServerProblem(f"{name}: {exc} (waited for {plan.url}/health and /v1/models)") from None
+            raise ServerProblem(f"{prefix}{exc} (waited for {plan.url}/health and /v1/models)") from None
         progress(f"server ready at {plan.url} after {time.monotonic() - started:.0f}s")
         target = Target(url=plan.url, engine=plan.engine, launch_command=server.command_line,
                         env_of_interest=plan.env_of_interest, facts=plan.facts, exited=server.exited,

@@ -83,7 +83,7 @@ def matched_text(line: str) -> str | None:
 
 
 def _match(line: str) -> tuple[str, str, str] | None:
-    if not line or len(line) < 4:
+    if not line or len(line) < 4 or line.lstrip().startswith(("# HELP ", "# TYPE ")):   # echoed metric docs
         return None
     for kind, severity, pattern in _RULES:
         found = pattern.search(line)

@@ -149,6 +149,17 @@ class Finding(Event):
 
 
 @dataclass
+class FingerprintCompared(Event):
+    type: ClassVar[str] = "fingerprint"
+    request: int = 0
+    own_request: int = 0        # the cold run of the same prompt
+    verdict: str = ""           # match | foreign_state | mismatch
+    agreeing: int = 0           # leading tokens the same as the own fingerprint
+    distance: float = 0.0       # largest log-probability difference from it (nats)
+    closest: str | None = None  # for foreign_state: the memo whose fingerprint it matches
+
+
+@dataclass
 class MetricsSample(Event):
     type: ClassVar[str] = "metrics"
     values: dict[str, float] = field(default_factory=dict)
@@ -201,7 +212,8 @@ class RunFinished(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls for cls in (RunHeader, ServerInfo, MemoPlanted, PhaseStarted, RoundStarted,
-                              RequestStarted, AnswerDelta, RequestFinished, Finding, MetricsSample,
+                              RequestStarted, AnswerDelta, RequestFinished, Finding, FingerprintCompared,
+                              MetricsSample,
                               ServerLog, IsolationStarted, IsolationFinished, PhaseFinished, RunFinished)
 }
 _FIELDS = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in EVENT_TYPES.items()}

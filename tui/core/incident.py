@@ -6,9 +6,10 @@ variables of interest, sha256 of each overlay patch, sampling settings and seed,
 reuse was forced off, hitproof's version.
 
 Three sources, each best-effort and labelled: the launch command's flags (``command_facts``,
-pure), the server itself (``probe_server``: /version, /v1/models, /metrics, /props and one
-one-token completion for ``system_fingerprint``), and what the profile or embedded engine
-states (``facts``). Nothing here raises: a fact that cannot be found is "unknown".
+pure), the server itself (``probe_server``: /version, /v1/models, /metrics, /props and, for a
+server hitproof launched, one one-token completion for ``system_fingerprint``), and what the
+profile or embedded engine states (``facts``). Nothing here raises: a fact that cannot be found
+is "unknown".
 """
 
 from __future__ import annotations
@@ -281,9 +282,11 @@ def _which(name: str) -> str | None:
 
 # --- the server ----------------------------------------------------------------------------------
 
-async def probe_server(url: str, *, model: str | None = None, timeout: float = 5.0) -> dict[str, Any]:
-    """What the server says about itself. Costs one cold one-token completion (for system_fingerprint),
-    whose prompt shares nothing with any memo. Never raises; unreachable parts are left out."""
+async def probe_server(url: str, *, model: str | None = None, timeout: float = 5.0,
+                       completion: bool = True) -> dict[str, Any]:
+    """What the server says about itself. With `completion`, one cold one-token completion too (for
+    system_fingerprint), whose prompt shares nothing with any memo. Never raises; unreachable parts
+    are left out."""
     from .client import API_KEY_ENV
     from .metrics import CACHE_CONFIG, parse_metrics
 
@@ -321,7 +324,7 @@ async def probe_server(url: str, *, model: str | None = None, timeout: float = 5
         except httpx.HTTPError:
             pass
         chosen = model or next((m.get("id") for m in out.get("models", []) if m.get("id")), None)
-        if chosen:
+        if chosen and completion:
             try:
                 response = await client.post("/v1/completions", json={
                     "model": chosen, "prompt": "hitproof incident probe", "max_tokens": 1, "temperature": 0})
@@ -340,13 +343,17 @@ async def build_incident(*, url: str, argv: list[str] | None, env_of_interest: d
                          profile: dict[str, Any] | None, engine: str | None, sampling: dict[str, Any],
                          scenario_seed: int | None, model: str | None = None,
                          probe: bool = True) -> dict[str, Any]:
-    """The header's `incident` dict (see the module docstring)."""
+    """The header's `incident` dict (see the module docstring).
+
+    The one-token completion that reads system_fingerprint is sent only to a server hitproof
+    launched (argv given): an attached server gets exactly the soak's requests, nothing more
+    (its fingerprint would need the soak's own first response, which the client does not keep)."""
     argv = list(argv or [])
     flags = command_facts(argv, child_env) if argv else {
         "model_arg": None, "speculative": {"method": UNKNOWN, "drafter": UNKNOWN, "num_speculative_tokens": UNKNOWN,
                                            "flags": []},
         "cache_reuse": {"forced_off": False, "decided_by": None}}
-    server = await probe_server(url, model=model) if probe else {}
+    server = await probe_server(url, model=model, completion=bool(argv)) if probe else {}
     models = server.get("models") or []
     first = models[0] if models else {}
     served = model or first.get("id")
@@ -391,7 +398,7 @@ async def build_incident(*, url: str, argv: list[str] | None, env_of_interest: d
         "server": {
             "version": server.get("version") or (facts.get("engine_version") if argv else None) or UNKNOWN,
             "commit": commit, "commit_source": commit_source,
-            "system_fingerprint": server.get("system_fingerprint"),
+            "system_fingerprint": server.get("system_fingerprint") or (None if argv else "not probed (attached)"),
             "build_info": build_info,
         },
         "model": {

@@ -192,9 +192,9 @@ def parse_profile(text: str, source: str = "<profile>", *, base: Path | None = N
     url = url.strip().rstrip("/")
     if url.endswith("/v1"):
         url = url[:-3]
-    for placeholder in re.findall(r"\{([^{}]*)\}", command + " " + url):
+    for placeholder in re.findall(r"\{([A-Za-z_]\w*)\}", command + " " + url):
         if placeholder not in ("port", "python", "profile_dir"):
-            raise fail("command" if placeholder in re.findall(r"\{([^{}]*)\}", command) else "url",
+            raise fail("command" if placeholder in re.findall(r"\{([A-Za-z_]\w*)\}", command) else "url",
                        f"unknown placeholder {{{placeholder}}} (known: {{port}}, {{python}}, {{profile_dir}})")
 
     env = data.get("env", {})

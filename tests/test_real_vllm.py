@@ -147,6 +147,7 @@ async def test_embedded_vllm_is_launched_recorded_and_stopped(tmp_path):
     result = await run_hitproof("run", "--engine", "vllm", "--scenario", str(small), "--headless",
                                 "--record", str(log), timeout=1200)
     assert result.code == 0, result.out + result.err
+    assert "Traceback" not in result.err and "Exception ignored" not in result.err, result.err
     header = json.loads(log.read_text().splitlines()[0])
     command = header["target"]["launch_command"]
     assert "vllm.entrypoints.openai.api_server" in command and "--enable-prefix-caching" in command

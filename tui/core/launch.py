@@ -236,7 +236,15 @@ class ServerProcess:
                 _killpg(pgid, signal.SIGKILL)
                 await self._wait_gone(pgid, 10.0)
         if self._reader is not None and not self._reader.done():
-            self._reader.cancel()  # only if some escaped process still holds the pipe
+            try:                    # the reader ends at EOF once every holder of the pipe is gone
+                await asyncio.wait_for(asyncio.shield(self._reader), 2.0)
+            except (asyncio.TimeoutError, Exception):
+                self._reader.cancel()  # some escaped process still holds the pipe
+        # Close the pipes now, inside the loop: left to the garbage collector after the loop has
+        # closed, asyncio prints "Exception ignored ... Event loop is closed" at exit.
+        transport = getattr(self._proc, "_transport", None)
+        if transport is not None:
+            transport.close()
         _LIVE.discard(self)
 
     async def _wait_gone(self, pgid: int, wait: float) -> bool:

@@ -14,7 +14,8 @@ from typing import Awaitable, Callable
 
 from .core import enginelog
 from .core.engine import Outcome, SoakEngine, Target
-from .core.events import Event, EventBus, Finding, PhaseStarted, RunFinished, RunHeader, ServerLog
+from .core.checkpoints import parse_checkpoint_line
+from .core.events import CheckpointSeen, Event, EventBus, Finding, PhaseStarted, RunFinished, RunHeader, ServerLog
 from .core.incident import build_incident
 from .core.launch import LaunchError, ServerProcess, free_port
 from .core.profiles import LaunchPlan, Profile, env_of_interest
@@ -93,6 +94,10 @@ class ServerLogRelay:
     def _emit(self, line: str) -> None:
         self.line_no += 1
         self.bus.emit(ServerLog(line=line))
+        checkpoint = parse_checkpoint_line(line)
+        if checkpoint is not None:
+            self.bus.emit(CheckpointSeen(kind=checkpoint.kind, slot=checkpoint.slot, n_tokens=checkpoint.n_tokens,
+                                         n_past=checkpoint.n_past, reason=checkpoint.reason, line=checkpoint.raw))
         found = None if self.ended else enginelog.classify(line)
         if found is not None:
             kind, severity = found

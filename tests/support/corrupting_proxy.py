@@ -17,7 +17,8 @@ import aiohttp
 from aiohttp import web
 
 CODE = re.compile(r"\b\d{4}-\d{4}-\d{4}\b")
-MODES = ("none", "foreign", "recall_miss", "repetition", "empty", "http500", "malformed")
+MODES = ("none", "foreign", "recall_miss", "repetition", "empty", "http500", "malformed",
+         "fp_foreign", "fp_alter")
 
 
 class CorruptingProxy:
@@ -30,9 +31,12 @@ class CorruptingProxy:
         self.generations = 0
         self.corrupted = 0
         self.url = ""
+        self.cold: dict[tuple[str, str], list[dict]] = {}   # (memo line, question) -> a cold response
 
     async def start(self) -> "CorruptingProxy":
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900))
+        # a fresh upstream connection per request: llama-server drops kept-alive ones after 5 s
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900),
+                                              connector=aiohttp.TCPConnector(force_close=True))
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         self._runner = web.AppRunner(app, access_log=None)
@@ -90,7 +94,10 @@ class CorruptingProxy:
             await response.write(b"data: {\"choices\": [{\"text\": \"7\n\n")
             await response.write_eof()
             return response
-        if replacement is None:
+        key = (prompt.split("\n", 1)[0], prompt.rsplit("Question:", 1)[-1][-160:])
+        if self.mode in ("fp_foreign", "fp_alter"):
+            out = self._fingerprint_corruption(chunks, key, cached)
+        elif replacement is None:
             out = chunks
         else:
             self.corrupted += 1
@@ -118,6 +125,29 @@ class CorruptingProxy:
             return "" if turns >= 2 else None
         return None
 
+    def _fingerprint_corruption(self, chunks: list[dict], key: tuple[str, str], cached: int) -> list[dict]:
+        """fp_foreign: a hit answers with another memo's cold response to the same question (its
+        tokens and log-probabilities); fp_alter: a hit's log-probabilities are all shifted."""
+        if not cached:
+            self.cold.setdefault(key, chunks)
+            return chunks
+        if self.mode == "fp_foreign":
+            other = next((v for (memo, question), v in self.cold.items() if question == key[1] and memo != key[0]),
+                         None)
+            if other is None:
+                return chunks
+            self.corrupted += 1
+            return _with_accounting(other, chunks)
+        self.corrupted += 1
+        altered = json.loads(json.dumps(chunks))
+        for chunk in altered:
+            for choice in chunk.get("choices") or []:
+                for entry in ((choice.get("logprobs") or {}).get("content") or []):
+                    entry["logprob"] -= 0.3
+                    for alt in entry.get("top_logprobs") or []:
+                        alt["logprob"] -= 0.3
+        return altered
+
     @staticmethod
     def _text(chunk: dict, chat: bool) -> str:
         out = ""
@@ -128,7 +158,8 @@ class CorruptingProxy:
     @staticmethod
     def _rechunk(chunks: list[dict], text: str, chat: bool) -> list[dict]:
         template = next((c for c in chunks if c.get("choices")), {"choices": [{"index": 0}]})
-        tail = [c for c in chunks if not c.get("choices")]       # the usage chunk
+        template = {k: v for k, v in template.items() if k not in ("usage", "timings")}
+        tail = [{k: v for k, v in _accounting(chunks).items()} | {"choices": []}]   # usage (and timings)
         pieces = re.findall(r"\s*\S+", text) or [""]
         out = []
         for i, piece in enumerate(pieces):
@@ -139,3 +170,21 @@ class CorruptingProxy:
                 choice["text"] = piece
             out.append({k: v for k, v in template.items() if k != "choices"} | {"choices": [choice]})
         return out + tail
+
+
+def _accounting(chunks: list[dict]) -> dict:
+    """usage and timings of a response, wherever the server put them (llama.cpp: in the
+    finish_reason chunk; vLLM: in a chunk of its own)."""
+    found: dict = {}
+    for chunk in chunks:
+        for field in ("usage", "timings"):
+            if chunk.get(field):
+                found[field] = chunk[field]
+    return found
+
+
+def _with_accounting(body: list[dict], real: list[dict]) -> list[dict]:
+    """Another response's chunks, carrying this response's usage and timings."""
+    out = [{k: v for k, v in c.items() if k not in ("usage", "timings")} for c in body]
+    out = [c for c in out if c.get("choices")]
+    return out + [{"choices": [], **_accounting(real)}]

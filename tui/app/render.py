@@ -75,6 +75,8 @@ def cache_bar(view: RequestView, grid: int, width: int) -> Text:
     bar.append("░" * (bar_width - filled), style="grey50")
     bar.append(counts, style="grey70")
     bar.append(blocks, style="grey50")
+    if (view.checks.get("checkpoint") or {}).get("restored"):
+        bar.append(" ckpt", style="magenta")            # the hit resumed from a restored checkpoint
     bar.append(ttft, style="grey70")
     return bar
 

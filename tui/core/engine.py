@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import time
 import datetime as dt
 import hashlib
 import platform
@@ -16,7 +18,7 @@ from .. import __version__
 from .client import OpenAIClient
 from .errors import EXIT_INTERRUPTED, EXIT_SERVER, HitproofError, ServerProblem
 from .isolation import IsolationResult, isolate
-from .events import (Event, EventBus, Finding, MetricsSample, PhaseFinished, PhaseStarted, RunFinished,
+from .events import (CheckpointSeen, Event, EventBus, Finding, MetricsSample, PhaseFinished, PhaseStarted, RunFinished,
                      RunHeader, ServerInfo)
 from .evidence import CodeBook, Registry, new_nonce
 from .metrics import MetricSnapshot, block_size, compact, parse_metrics
@@ -76,6 +78,16 @@ class SoakEngine:
         self.requester: Requester | None = None
         self.gate = asyncio.Event()      # cleared: the soak pauses before its next request
         self.gate.set()
+        # Checkpoint lines of a launched llama-server, to tell each request where its hit came from.
+        self.checkpoints: collections.deque[tuple[float, CheckpointSeen]] = collections.deque(maxlen=256)
+        bus.subscribe(self._watch)
+
+    def _watch(self, event: Event) -> None:
+        if isinstance(event, CheckpointSeen):
+            self.checkpoints.append((time.monotonic(), event))
+
+    def checkpoints_since(self, since: float) -> list[CheckpointSeen]:
+        return [event for at, event in self.checkpoints if at >= since]
 
     def emit(self, event: Event) -> Event:
         if isinstance(event, Finding):

@@ -194,6 +194,17 @@ class IsolationFinished(Event):
 
 
 @dataclass
+class CheckpointSeen(Event):
+    type: ClassVar[str] = "checkpoint"
+    kind: str = ""              # created | restored | erased | full_reprocess | prompt_cache
+    slot: int | None = None
+    n_tokens: int | None = None
+    n_past: int | None = None   # restored: tokens reused, equal to the request's cached tokens
+    reason: str | None = None
+    line: str = ""
+
+
+@dataclass
 class PhaseFinished(Event):
     type: ClassVar[str] = "phase_end"
     phase: str = ""
@@ -214,7 +225,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls for cls in (RunHeader, ServerInfo, MemoPlanted, PhaseStarted, RoundStarted,
                               RequestStarted, AnswerDelta, RequestFinished, Finding, FingerprintCompared,
                               MetricsSample,
-                              ServerLog, IsolationStarted, IsolationFinished, PhaseFinished, RunFinished)
+                              ServerLog, CheckpointSeen, IsolationStarted, IsolationFinished, PhaseFinished, RunFinished)
 }
 _FIELDS = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in EVENT_TYPES.items()}
 

@@ -11,6 +11,7 @@ import asyncio
 import collections
 import dataclasses
 import hashlib
+import time
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -287,13 +288,23 @@ class Requester:
                 pending.clear()
                 last = now
 
+        sent_at = time.monotonic()
         completion = await self.engine.client.stream(spec, on_text)
+        if self.engine.checkpoints:
+            await asyncio.sleep(0.02)       # let the server's log lines for this request arrive
         if pending:
             emit(AnswerDelta(request=index, text="".join(pending)))
         found = evaluate(completion.text, task, memo.code if memo else None, self.engine.registry.codes(),
                          tuple(judges))
         if memo is not None and completion.cached_tokens and self.server.grid_source == "server":
             found["block_aligned"] = completion.cached_tokens % self.server.grid == 0
+        checkpoint_lines = self.engine.checkpoints_since(sent_at)
+        restored = [c for c in checkpoint_lines if c.kind == "restored" and c.n_past == completion.cached_tokens]
+        if restored:
+            found["checkpoint"] = {"restored": restored[0].n_past, "n_tokens": restored[0].n_tokens}
+        reprocessed = [c for c in checkpoint_lines if c.kind == "full_reprocess"]
+        if reprocessed and not completion.cached_tokens:
+            found["checkpoint"] = {"full_reprocess": reprocessed[0].line}
         emit(RequestFinished(request=index, phase=state.name, slot=slot, round=round, text=completion.text,
                              prompt_tokens=completion.prompt_tokens, cached_tokens=completion.cached_tokens,
                              ttft=completion.ttft_s, total=completion.total_s,
@@ -338,6 +349,11 @@ class Requester:
                          detail=f"expected a cold request, got {record.cached} cached tokens")
         if expect == "hit":
             state.expected_hits += 1
+            miss = (c.get("checkpoint") or {}).get("full_reprocess")
+            if miss and not record.cached:
+                self.finding(state, "checkpoint_miss", "info", record,
+                             detail="a shared prefix got no hit: the server had no usable checkpoint inside it "
+                                    "(neither a pass nor a fail)", line=miss)
         if self.scenario.evidence.fingerprints and record.memo is not None:
             await self._judge_fingerprint(state, record)
         problems = hit_path_problems(c)

@@ -10,7 +10,7 @@ FINDING_KINDS = (
     "foreign_code", "recall_miss", "wrong_task", "empty_answer", "repetition",
     "cache_path_divergence", "kernel_nondeterminism", "no_hits", "cold_not_cold", "server_error",
     "acceptance_collapse", "foreign_state", "fingerprint_mismatch", "fingerprint_indistinct",
-    "fingerprint_unavailable", "engine_log",
+    "fingerprint_unavailable", "engine_log", "checkpoint_miss",
 )
 SEVERITIES = ("fail", "warn", "info")
 

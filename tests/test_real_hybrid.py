@@ -74,3 +74,18 @@ async def test_corrupted_hybrid_hits_are_caught(qwen, tmp_path, mode, kind):
     assert result.code == 1, result.out + result.err
     report = report_json(log)
     assert any(f["kind"] == kind and f["severity"] == "fail" and f["phase"] == "rotation" for f in report["findings"])
+
+
+async def test_llamacpp_cache_option_matrix(tmp_path):
+    profiles = ROOT / "scenarios" / "profiles"
+    out = tmp_path / "matrix"
+    result = await run_hitproof("matrix", "--profile", str(profiles / "llamacpp-qwen-baseline.toml"),
+                                "--profile", str(profiles / "llamacpp-qwen-no-checkpoints.toml"),
+                                "--scenario", HYBRID, "--out", str(out), "--headless", timeout=1800)
+    assert result.code == 0, result.out + result.err
+    rows = {row["profile"]: row for row in json.loads((out / "matrix.json").read_text())}
+    assert rows["llamacpp-qwen-baseline"]["verdict"] == "pass"
+    assert rows["llamacpp-qwen-baseline"]["cache_hits"] > 20
+    # without context checkpoints a hybrid model cannot resume from a prefix: no hits, nothing proven
+    assert rows["llamacpp-qwen-no-checkpoints"]["verdict"] == "inconclusive"
+    assert rows["llamacpp-qwen-no-checkpoints"]["cache_hits"] == 0

@@ -193,9 +193,10 @@ def parse_profile(text: str, source: str = "<profile>", *, base: Path | None = N
     if url.endswith("/v1"):
         url = url[:-3]
     for placeholder in re.findall(r"\{([A-Za-z_]\w*)\}", command + " " + url):
-        if placeholder not in ("port", "python", "profile_dir"):
+        if placeholder not in ("port", "python", "profile_dir", "llama_server", "models"):
             raise fail("command" if placeholder in re.findall(r"\{([A-Za-z_]\w*)\}", command) else "url",
-                       f"unknown placeholder {{{placeholder}}} (known: {{port}}, {{python}}, {{profile_dir}})")
+                       f"unknown placeholder {{{placeholder}}} (known: {{port}}, {{python}}, {{profile_dir}}, "
+                       f"{{llama_server}}, {{models}})")
 
     env = data.get("env", {})
     if not isinstance(env, dict):
@@ -269,7 +270,25 @@ def _toml_str(value: str) -> str:
 def _fill(text: str, port: int | None, base: str = ".", shell: bool = False) -> str:
     q = shlex.quote if shell else str
     text = text.replace("{python}", q(sys.executable)).replace("{profile_dir}", q(base))
+    if "{llama_server}" in text or "{models}" in text:
+        text = text.replace("{llama_server}", q(_embedded_llama_server())).replace("{models}", q(_models_dir()))
     return text.replace("{port}", str(port)) if port is not None else text
+
+
+def _embedded_llama_server() -> str:
+    """The llama-server `hitproof setup --engine llamacpp` built (a clear error if it has not)."""
+    from ..engines.common import read_info
+
+    binary = read_info("llamacpp").get("binary")
+    if not binary:
+        raise BadInput("{llama_server}: the embedded llama.cpp is not set up: run `hitproof setup --engine llamacpp`")
+    return str(binary)
+
+
+def _models_dir() -> str:
+    from ..engines.common import cache_dir
+
+    return str(cache_dir() / "models")
 
 
 def _expand(word: str) -> str:

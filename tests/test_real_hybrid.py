@@ -86,6 +86,7 @@ async def test_llamacpp_cache_option_matrix(tmp_path):
     rows = {row["profile"]: row for row in json.loads((out / "matrix.json").read_text())}
     assert rows["llamacpp-qwen-baseline"]["verdict"] == "pass"
     assert rows["llamacpp-qwen-baseline"]["cache_hits"] > 20
-    # without context checkpoints a hybrid model cannot resume from a prefix: no hits, nothing proven
+    # without context checkpoints a hybrid model cannot resume from a shared prefix (only an exact
+    # repeat of the slot's last prompt is reused): phases that need hits prove nothing
     assert rows["llamacpp-qwen-no-checkpoints"]["verdict"] == "inconclusive"
-    assert rows["llamacpp-qwen-no-checkpoints"]["cache_hits"] == 0
+    assert rows["llamacpp-qwen-no-checkpoints"]["cache_hits"] < rows["llamacpp-qwen-baseline"]["cache_hits"] / 4

@@ -21,9 +21,10 @@ KINDS = (
     ("empty", "empty_answer", "checked for empty answers"),
     ("repetition", "repetition", "checked for repetition"),
     ("determinism", "cache_path_divergence", "compared with their cold run"),
+    ("fingerprint", "fingerprint", "compared with their cold fingerprint"),
 )
 FAILED_WORD = {"recall": "wrong", "foreign": "seen", "empty": "empty", "repetition": "repeating",
-               "determinism": "diverged"}
+               "determinism": "diverged", "fingerprint": "off"}
 
 
 def binom_cdf(k: int, n: int, p: float) -> float:
@@ -114,6 +115,8 @@ def evidence_counts(report, confidence: float = 0.95) -> dict[str, dict[str, Any
     for f in report.findings:
         if f.severity == "fail" and f.request is not None:
             failed.setdefault(f.kind, set()).add(f.request)
+    # a fingerprint fails as a foreign state or as a mismatch
+    failed["fingerprint"] = failed.get("foreign_state", set()) | failed.get("fingerprint_mismatch", set())
     checked: dict[str, set[int]] = {name: set() for name, _, _ in KINDS}
     foreign_ok = foreign_checkable(report)
     for rid, start in report.starts.items():
@@ -128,6 +131,8 @@ def evidence_counts(report, confidence: float = 0.95) -> dict[str, dict[str, Any
         for name in ("empty", "repetition"):
             if name in checks:
                 checked[name].add(rid)
+        if rid in getattr(report, "fingerprints", {}):
+            checked["fingerprint"].add(rid)
         if start.task == "determinism" and start.phase == "determinism":
             if _determinism_kind(report) in ("identical", "cache_path_divergence"):
                 checked["determinism"].add(rid)

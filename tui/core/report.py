@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .events import (Event, Finding, IsolationFinished, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted, RunFinished,
+from .events import (Event, Finding, FingerprintCompared, IsolationFinished, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted, RunFinished,
                      RunHeader, ServerInfo)
 from .verdicts import exit_code, run_verdict
 
@@ -21,6 +21,7 @@ class RunReport:
     starts: dict[int, RequestStarted] = field(default_factory=dict)
     ends: dict[int, RequestFinished] = field(default_factory=dict)
     isolations: dict[int, IsolationFinished] = field(default_factory=dict)
+    fingerprints: dict[int, str] = field(default_factory=dict)     # request -> fingerprint verdict
     end: RunFinished | None = None
     warning: str | None = None
     last_t: float = 0.0
@@ -45,6 +46,8 @@ class RunReport:
             self.ends[event.request] = event
         elif isinstance(event, Finding):
             self.findings.append(event)
+        elif isinstance(event, FingerprintCompared):
+            self.fingerprints[event.request] = event.verdict
         elif isinstance(event, IsolationFinished):
             self.isolations[event.request] = event
         elif isinstance(event, RunFinished):

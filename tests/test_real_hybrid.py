@@ -58,11 +58,13 @@ memo_tokens = 1200
 """
 
 
-@pytest.mark.parametrize("mode,kind", [("fp_foreign", "foreign_state"), ("fp_alter", "fingerprint_mismatch"),
-                                       ("repetition", "repetition")])
-async def test_corrupted_hybrid_hits_are_caught(qwen, tmp_path, mode, kind):
+@pytest.mark.parametrize("mode,kind,phase", [("fp_foreign", "foreign_state", "rotation"),
+                                             ("fp_alter", "fingerprint_mismatch", "rotation"),
+                                             ("repetition", "repetition", "rotation"),
+                                             ("empty", "empty_answer", "conversation")])
+async def test_corrupted_hybrid_hits_are_caught(qwen, tmp_path, mode, kind, phase):
     scen = tmp_path / "s.toml"
-    scen.write_text(SMALL)
+    scen.write_text(SMALL.replace('phases = ["rotation"]', f'phases = ["{phase}"]'))
     proxy = await CorruptingProxy(qwen.url, mode).start()
     log = tmp_path / "run.jsonl"
     try:
@@ -73,7 +75,7 @@ async def test_corrupted_hybrid_hits_are_caught(qwen, tmp_path, mode, kind):
     assert proxy.corrupted > 0
     assert result.code == 1, result.out + result.err
     report = report_json(log)
-    assert any(f["kind"] == kind and f["severity"] == "fail" and f["phase"] == "rotation" for f in report["findings"])
+    assert any(f["kind"] == kind and f["severity"] == "fail" and f["phase"] == phase for f in report["findings"])
 
 
 async def test_llamacpp_cache_option_matrix(tmp_path):

@@ -256,6 +256,8 @@ def _build(data: dict, text: str, source: str) -> Scenario:
             else data.get(section)
         attr = section.split(".")[-1]
         values[attr] = _section(text, source, section, cls, table or {})
+    if "name" not in values and source not in ("<scenario>", "<built-in>"):
+        values["name"] = Path(source).stem          # a scenario without a name is called after its file
     scenario = Scenario(**values, source=source, text=text)
     _check_relations(scenario, text, source)
     return scenario

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import BadInput
-from .events import SCHEMA_VERSION, DecodeError, Event, RunHeader, decode
+from .events import DecodeError, Event, RunHeader, decode
+from .recorder import check_header
 
 # Lines whose kind matters for navigation; the prefix is how the recorder writes them.
 MARK_TYPES = ("finding", "phase_start", "phase_end", "run_end", "isolation_end")
@@ -57,12 +58,7 @@ class LogIndex:
             event = decode(line)
         except DecodeError:
             raise BadInput(f"{self.path}: not a hitproof log (first line is not JSON)") from None
-        if not isinstance(event, RunHeader):
-            raise BadInput(f"{self.path}: not a hitproof log (first line is not a header)")
-        if event.schema > SCHEMA_VERSION:
-            raise BadInput(f"{self.path}: log schema {event.schema} is newer than this hitproof understands "
-                           f"({SCHEMA_VERSION}); upgrade hitproof")
-        return event
+        return check_header(event, self.path)
 
     # --- the scan -------------------------------------------------------------------------------
 

@@ -72,6 +72,16 @@ class LogContents:
         return first if isinstance(first, RunHeader) else None
 
 
+def check_header(event: Event, path: str | Path) -> RunHeader:
+    """The first event of a log must be a header this hitproof can read."""
+    if not isinstance(event, RunHeader):
+        raise BadInput(f"{path}: not a hitproof log (first line is not a header)")
+    if event.schema > SCHEMA_VERSION:
+        raise BadInput(f"{path}: log schema {event.schema} is newer than this hitproof understands "
+                       f"({SCHEMA_VERSION}); upgrade hitproof")
+    return event
+
+
 def iter_log(path: str | Path, warnings: list[str] | None = None, skip_deltas: bool = False) -> Iterator[Event]:
     """Events of a log, in order. A bad line stops the read with a warning (a crash mid-write).
     `skip_deltas` leaves out answer deltas (their text is repeated in request_end) unparsed."""
@@ -97,11 +107,7 @@ def iter_log(path: str | Path, warnings: list[str] | None = None, skip_deltas: b
                                     f"read up to the last good event")
                 return
             if number == 1:
-                if not isinstance(event, RunHeader):
-                    raise BadInput(f"{path}: not a hitproof log (first line is not a header)")
-                if event.schema > SCHEMA_VERSION:
-                    raise BadInput(f"{path}: log schema {event.schema} is newer than this hitproof "
-                                   f"understands ({SCHEMA_VERSION}); upgrade hitproof")
+                check_header(event, path)
             yield event
 
 

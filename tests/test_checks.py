@@ -103,9 +103,10 @@ def test_determinism_cache_path_divergence():
     assert (d.kind, d.hit_vs_cold, d.hit_vs_hit, d.cold_vs_cold) == ("cache_path_divergence", 2, None, None)
 
 
-def test_determinism_hits_that_disagree_with_a_reproducible_cold_path_are_red():
+def test_determinism_hits_that_disagree_with_each_other_are_the_kernel():
+    # cold == cold by chance while the hits vary: still nondeterminism, never a red verdict
     d = classify_determinism("abcdef", ["abcXef", "abcdeY"], "abcdef", ["s", "s"])
-    assert (d.kind, d.hit_vs_cold, d.hit_vs_hit, d.cold_vs_cold) == ("cache_path_divergence", 3, 3, None)
+    assert (d.kind, d.hit_vs_cold, d.hit_vs_hit, d.cold_vs_cold) == ("kernel_nondeterminism", 3, 3, None)
 
 
 def test_determinism_kernel_nondeterminism_shows_both_offsets():

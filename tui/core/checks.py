@@ -140,12 +140,12 @@ class Determinism:
 
 
 def classify_determinism(cold: str, hits: list[str], cold_again: str, short_runs: list[str]) -> Determinism:
-    """Greedy outputs cold, on hits, and cold again under a fresh salt.
+    """Greedy outputs cold, on two hits, and cold again under a fresh salt.
 
-    The cold path reproducing itself (cold == cold again) while a hit differs from it is the
-    cache path diverging (red), whether or not the hits agree with each other: a restore that
-    varies is as wrong as one that is stably wrong. The cold path disagreeing with itself is
-    kernel nondeterminism (informational): then hit vs cold tells nothing about the cache.
+    hit != cold while hit == hit and cold == cold: the cache path diverges (red).
+    hit != hit or cold != cold: the kernel is nondeterministic (informational, offsets shown):
+    then hit vs cold tells nothing about the cache. The short control says whether the kernel
+    is deterministic with no cache involved at all.
     """
     divergences = [d for d in (first_divergence(cold, hit) for hit in hits) if d is not None]
     hit_vs_cold = min(divergences) if divergences else None
@@ -160,9 +160,9 @@ def classify_determinism(cold: str, hits: list[str], cold_again: str, short_runs
         short = first_divergence(short_runs[0], other)
         if short is not None:
             break
-    if cold_vs_cold is not None:
+    if hit_vs_hit is not None or cold_vs_cold is not None:
         kind = "kernel_nondeterminism"
-    elif hit_vs_cold is None and hit_vs_hit is None:
+    elif hit_vs_cold is None:
         kind = "identical"
     else:
         kind = "cache_path_divergence"

@@ -37,6 +37,34 @@ KEEP_RECENT = 512             # records kept for isolation beyond the flagged on
 ALL_JUDGES = ("foreign", "recall", "empty", "repetition", "wrong_task")
 
 
+class DeltaCoalescer:
+    """The answer text as it streams, emitted as AnswerDelta events at most every DELTA_INTERVAL
+    seconds per request (the UI never gets one event per token). Call it with each piece of text;
+    flush() emits what is left when the stream ends."""
+
+    __slots__ = ("emit", "request", "pending", "last")
+
+    def __init__(self, emit, request: int):
+        self.emit = emit
+        self.request = request
+        self.pending: list[str] = []
+        self.last = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        pending = self.pending
+        pending.append(text)
+        now = time.monotonic()
+        if now - self.last >= DELTA_INTERVAL:
+            self.emit(AnswerDelta(request=self.request, text="".join(pending)))
+            pending.clear()
+            self.last = now
+
+    def flush(self) -> None:
+        if self.pending:
+            self.emit(AnswerDelta(request=self.request, text="".join(self.pending)))
+            self.pending.clear()
+
+
 @dataclass
 class Record:
     request: int
@@ -276,24 +304,12 @@ class Requester:
                             task=task, arm=arm, of_request=of_request, salt=spec.salt, api=spec.api,
                             expect=expect, prompt_chars=spec.prompt_chars(), prompt_tail=tail,
                             max_tokens=spec.max_tokens))
-        pending: list[str] = []
-        last = time.monotonic()
-
-        def on_text(text: str) -> None:
-            nonlocal last
-            pending.append(text)
-            now = time.monotonic()
-            if now - last >= DELTA_INTERVAL:
-                emit(AnswerDelta(request=index, text="".join(pending)))
-                pending.clear()
-                last = now
-
+        on_text = DeltaCoalescer(emit, index)
         sent_at = time.monotonic()
         completion = await self.engine.client.stream(spec, on_text)
         if self.engine.checkpoints:
-            await asyncio.sleep(0.02)       # let the server's log lines for this request arrive
-        if pending:
-            emit(AnswerDelta(request=index, text="".join(pending)))
+            await self._await_checkpoint_line(sent_at, completion.cached_tokens)
+        on_text.flush()
         found = evaluate(completion.text, task, memo.code if memo else None, self.engine.registry.codes(),
                          tuple(judges))
         if memo is not None and completion.cached_tokens and self.server.grid_source == "server":
@@ -317,6 +333,17 @@ class Requester:
         if arm == "main":
             await self._judge(state, record, expect, tuple(judges), control)
         return record
+
+    async def _await_checkpoint_line(self, since: float, cached: int | None, wait: float = 0.5) -> None:
+        """The server logs a hit's checkpoint restore before it answers, but its pipe is read
+        apart from the answer: give the line a moment to arrive (a busy machine needs more)."""
+        deadline = time.monotonic() + (wait if cached else wait / 5)
+        while time.monotonic() < deadline:
+            lines = self.engine.checkpoints_since(since)
+            if any((c.kind == "restored" and c.n_past == cached) or (not cached and c.kind == "full_reprocess")
+                   for c in lines):
+                return
+            await asyncio.sleep(0.01)
 
     # --- judging -------------------------------------------------------------------------------
 

@@ -68,6 +68,9 @@ class HitproofApp(App):
         self.exit_code: int | None = None
         self.frames = 0
         self.status_line = ""
+        self._widgets: tuple | None = None
+        self._totals_shown: Text | None = None
+        self._title_shown: Text | None = None
 
     REPLAY_ONLY = {"play", "speed", "next_finding", "next_phase", "seek_start", "seek_end"}
 
@@ -117,6 +120,9 @@ class HitproofApp(App):
         self._log_shown = 0
         self.query_one(FindingsTable).reset_rows()
         self.query_one(SlotGrid).reset()
+        self._totals_shown = self._title_shown = None
+        self.query_one(MetricsStrip)._drawn = None
+        self.query_one(PhaseList)._drawn = None
         self.query_one("#server-log", Log).clear()
         self.draw_frame()
 
@@ -134,12 +140,25 @@ class HitproofApp(App):
         self.frames += 1
         model = self.model
         grid = model.report.server.grid if model.report.server else 0
-        self.query_one("#title", Static).update(self._title())
-        self.query_one(PhaseList).show(model)
-        self.query_one("#totals", Static).update(self._totals())
-        self.query_one(SlotGrid).show(model, grid, self.force_compact)
-        self.query_one(MetricsStrip).show(model)
-        self.query_one(FindingsTable).show(model)
+        w = self._widgets
+        if w is None:
+            w = self._widgets = (self.query_one("#title", Static), self.query_one(PhaseList),
+                                 self.query_one("#totals", Static), self.query_one(SlotGrid),
+                                 self.query_one(MetricsStrip), self.query_one(FindingsTable))
+        title, phases, totals, slots, metrics, findings = w
+        title_text = self._title()
+        if title_text != self._title_shown:
+            self._title_shown = title_text
+            title.update(title_text, layout=False)                # one line, fixed height
+        phases.show(model)
+        totals_text = self._totals()
+        if totals_text != self._totals_shown:                     # height auto: a layout pass only on change
+            self._totals_shown = totals_text
+            totals.update(totals_text)
+        if slots.show(model, grid, self.force_compact):
+            self._drawn_version = -1                              # a slot put its repaint off: next frame
+        metrics.show(model)
+        findings.show(model)
         if model.server_log_total > self._log_shown:
             log = self.query_one("#server-log", Log)
             new = min(model.server_log_total - self._log_shown, len(model.server_log))

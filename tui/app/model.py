@@ -121,6 +121,9 @@ class RunModel:
         self.memos: dict[str, ev.MemoPlanted] = {}
         self.registry: dict[str, str] = {}
         self.findings: list[ev.Finding] = []
+        self._flagged: collections.Counter[int] = collections.Counter()   # request -> findings on it
+        self._severities: collections.Counter[str] = collections.Counter()
+        self.metrics_version = 0
         self.metrics: collections.deque[dict[str, float]] = collections.deque(maxlen=MAX_METRIC_POINTS)
         self.metric_times: collections.deque[float] = collections.deque(maxlen=MAX_METRIC_POINTS)
         self.server_log: collections.deque[str] = collections.deque(maxlen=MAX_LOG_LINES)
@@ -136,11 +139,16 @@ class RunModel:
 
     def apply(self, event: ev.Event) -> None:
         self.events_seen += 1
-        self.last_t = max(self.last_t, event.t)
+        if event.t > self.last_t:
+            self.last_t = event.t
         self.report.feed(event)
-        handler = getattr(self, f"_on_{event.type}", None)
+        kind = event.type
+        try:
+            handler = _HANDLERS[kind]
+        except KeyError:
+            handler = _HANDLERS[kind] = getattr(RunModel, f"_on_{kind}", None)
         if handler is not None:
-            handler(event)
+            handler(self, event)
         self.version += 1
 
     def _on_phase_start(self, e: ev.PhaseStarted) -> None:
@@ -172,7 +180,7 @@ class RunModel:
         self.requests[e.request] = view
         while len(self.requests) > MAX_REQUESTS_KEPT:
             oldest = next(iter(self.requests))
-            if any(f.request == oldest for f in self.findings):
+            if oldest in self._flagged:
                 self.requests.move_to_end(oldest)      # flagged requests stay openable
                 if len(self.requests) <= MAX_REQUESTS_KEPT + 64:
                     break
@@ -208,6 +216,9 @@ class RunModel:
 
     def _on_finding(self, e: ev.Finding) -> None:
         self.findings.append(e)
+        self._severities[e.severity] += 1
+        if e.request is not None:
+            self._flagged[e.request] += 1
         view = self.requests.get(e.request) if e.request is not None else None
         if view is not None:
             view.findings.append(e)
@@ -216,6 +227,7 @@ class RunModel:
     def _on_metrics(self, e: ev.MetricsSample) -> None:
         self.metrics.append(dict(e.values))
         self.metric_times.append(e.t)
+        self.metrics_version += 1
 
     def _on_server_log(self, e: ev.ServerLog) -> None:
         self.server_log.append(e.line)
@@ -279,7 +291,10 @@ class RunModel:
             "requests": len(self.report.starts),
             "hits": self.report.cache_hits(),
             "cached_tokens": sum(r.cached_tokens or 0 for r in main),
-            "fail": sum(1 for f in self.findings if f.severity == "fail"),
-            "warn": sum(1 for f in self.findings if f.severity == "warn"),
-            "info": sum(1 for f in self.findings if f.severity == "info"),
+            "fail": self._severities["fail"],
+            "warn": self._severities["warn"],
+            "info": self._severities["info"],
         }
+
+
+_HANDLERS: dict[str, Any] = {}       # event type -> RunModel._on_<type> (None: nothing to fold)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 from textual.containers import Grid, VerticalScroll
 from textual.message import Message
@@ -11,10 +13,20 @@ from .model import RunModel
 from .render import metrics_line, phase_table, slot_panel
 
 SEVERITY_STYLE = {"fail": "bold red", "warn": "yellow", "info": "grey62"}
+# In the compact view (many slots, one line each) a streaming answer repaints at most this often per
+# slot; a new request, a finished one and a badge change repaint at once. At 64 slots this halves the
+# frame's cost (the compositor re-renders every changed line).
+COMPACT_STREAM_FPS = 6
 
 
 class PhaseList(Static):
+    _drawn: tuple | None = None
+
     def show(self, model: RunModel) -> None:
+        key = tuple((p.name, p.status, p.round, p.rounds, p.done, p.planned) for p in model.phases.values())
+        if key == self._drawn:
+            return                      # unchanged: no re-render, no layout pass
+        self._drawn = key
         self.update(phase_table(model))
 
 
@@ -31,19 +43,33 @@ class SlotPanel(Static, can_focus=True):
         self.slot = slot
         self.request: int | None = None
         self._drawn: tuple | None = None
+        self._badge: str | None = "-"          # the badge class set last ("-": none yet)
+        self._drawn_at = 0.0
 
-    def show(self, model: RunModel, grid: int, compact: bool) -> None:
+    def show(self, model: RunModel, grid: int, compact: bool) -> bool:
+        """Draw the slot's request if it changed; True when a repaint was put off (draw again soon)."""
         view = model.slots.get(self.slot)
         request = model.requests.get(view.request) if view and view.request else None
         self.request = request.request if request else None
         width = self.content_size.width or 40
         key = (self.request, request.rev if request else None, width, compact)
         if key == self._drawn:
-            return
+            return False
+        now = time.monotonic()
+        if compact and request is not None and not request.finished and self._drawn is not None \
+                and key[0] == self._drawn[0] and key[2:] == self._drawn[2:] \
+                and request.badge == self._badge and now - self._drawn_at < 1 / COMPACT_STREAM_FPS:
+            return True                 # the same answer, streaming: at most COMPACT_STREAM_FPS repaints a second
+        self._drawn_at = now
         self._drawn = key
-        self.update(slot_panel(self.slot, request, model, grid, compact=compact, width=width))
-        for badge in ("ok", "fail", "warn", "info", "pending"):
-            self.set_class(request is not None and request.badge == badge, f"-{badge}")
+        # a slot's height is fixed by the stylesheet: a new answer needs a repaint, never a layout pass
+        self.update(slot_panel(self.slot, request, model, grid, compact=compact, width=width), layout=False)
+        badge = request.badge if request is not None else None
+        if badge != self._badge:
+            self._badge = badge
+            for name in ("ok", "fail", "warn", "info", "pending"):
+                self.set_class(badge == name, f"-{name}")
+        return False
 
     def on_click(self) -> None:
         self.post_message(self.Selected(self.request))
@@ -57,26 +83,34 @@ class SlotGrid(VerticalScroll):
         self.compact = False
         self._slots: tuple[int, ...] = ()
         self._inner: Grid | None = None
+        self._panels: list[SlotPanel] = []
 
     def reset(self) -> None:
         self._slots = ()
         self._inner = None
+        self._panels = []
         self.remove_children()
 
-    def show(self, model: RunModel, grid: int, force_compact: bool | None) -> None:
+    def show(self, model: RunModel, grid: int, force_compact: bool | None) -> bool:
+        """True when a slot put its repaint off: the app draws again on the next frame."""
         slots = tuple(sorted(model.slots))
         compact = force_compact if force_compact is not None else len(slots) > 8
         if slots != self._slots or compact != self.compact or self._inner is None:
             self._slots, self.compact = slots, compact
             self.remove_children()
-            inner = Grid(*[SlotPanel(s, classes="slot") for s in slots], classes="slot-inner")
+            self._panels = [SlotPanel(s, classes="slot") for s in slots]
+            if compact:
+                for panel in self._panels:
+                    panel.styles.text_wrap = "nowrap"     # one line, already cut to its width: no wrapping pass
+            inner = Grid(*self._panels, classes="slot-inner")
             inner.set_class(compact, "-compact")
             inner.styles.grid_size_columns = 1 if compact or len(slots) <= 1 else 2
             self.mount(inner)
             self._inner = inner
-        if self._inner is not None:
-            for panel in self._inner.query(SlotPanel):
-                panel.show(model, grid, compact)
+        deferred = False
+        for panel in self._panels:
+            deferred = panel.show(model, grid, compact) or deferred
+        return deferred
 
 
 class FindingsTable(DataTable):
@@ -104,8 +138,13 @@ class FindingsTable(DataTable):
 
 
 class MetricsStrip(Static):
+    _drawn: int | None = None
+
     def show(self, model: RunModel) -> None:
-        self.update(metrics_line(model))
+        if model.metrics_version == self._drawn:
+            return
+        self._drawn = model.metrics_version
+        self.update(metrics_line(model), layout=False)       # one line, fixed height
 
 
 def _dash(value) -> str:

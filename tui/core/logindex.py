@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from .errors import BadInput
 from .events import DecodeError, Event, RunHeader, decode
-from .recorder import check_header
+from .recorder import check_header, decode_line
 
 # Lines whose kind matters for navigation; the prefix is how the recorder writes them.
 MARK_TYPES = ("finding", "phase_start", "phase_end", "run_end", "isolation_end")
@@ -120,7 +120,7 @@ class LogIndex:
         return os.pread(self._fd, end - start, start)
 
     def read(self, index: int) -> Event:
-        return decode(self.raw(index))
+        return decode_line(self.raw(index))
 
     def events(self, start: int = 0, stop: int | None = None, *, skip_deltas: bool = False) -> Iterator[Event]:
         """Decoded events in [start, stop), read in large sequential blocks."""
@@ -138,7 +138,7 @@ class LogIndex:
                     index += 1
                     continue
                 try:
-                    yield decode(line)
+                    yield decode_line(line)
                 except DecodeError:
                     self.warning = self.warning or (f"{self.path}: event {index + 1} is damaged; "
                                                     f"replaying up to the last good event")

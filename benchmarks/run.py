@@ -228,14 +228,15 @@ def ui(quick: bool) -> list[Row]:
             f"the frame cap ({app['frame_rate']:g} fps)", nominal, ratio(app["frame_cost_p95"] * 1000, nominal),
             "<= 50 ms", app["frame_cost_p95"] * 1000 <= 50, f"p50 {app['frame_cost_p50'] * 1000:.1f} ms"),
         Row("ui", "input lag p95 (a 10 ms timer's lateness)", app["lag_p95"] * 1000, "ms",
-            "the same timer without the app", without.get("lag_p95", 0.0) * 1000 or float("nan"), None,
+            "the same timer without the app", without["lag_p95"] * 1000,
+            ratio(app["lag_p95"], without["lag_p95"]),
             "<= 50 ms", app["lag_p95"] * 1000 <= 50, f"max {app['lag_max'] * 1000:.0f} ms"),
     ]
     if not quick:
-        fast = run_json(base + ["--frame-rate", "24"], 300)
-        rows.append(Row("ui", "frame interval p95 with the cap raised to 24 fps", fast["interval_p95"] * 1000, "ms",
-                        "the frame cap (24 fps)", 1000 / 24, ratio(fast["interval_p95"] * 1000, 1000 / 24), "-", None,
-                        f"CPU {fast['cpu'] * 100:.0f}% of a core"))
+        slow = run_json(base + ["--frame-rate", "12"], 300)
+        rows.append(Row("ui", "CPU share of a core with the cap lowered to 12 fps", slow["cpu"] * 100, "%",
+                        "the same load without the app", without["cpu"] * 100, ratio(slow["cpu"], without["cpu"]),
+                        "-", None, f"frame interval p95 {slow['interval_p95'] * 1000:.0f} ms"))
     return rows
 
 

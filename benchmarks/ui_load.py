@@ -1,7 +1,7 @@
 """UI under load: the Textual app (headless driver) fed by a synthetic soak of 64 slots streaming
 2,000 chunks a second in total.
 
-    python benchmarks/ui_load.py --seconds 10 [--slots 64 --rate 2000 --frame-rate 12] [--no-app] [--idle]
+    python benchmarks/ui_load.py --seconds 10 [--slots 64 --rate 2000 --frame-rate N] [--no-app] [--idle]
 
 A synthetic Source emits RequestStarted, one AnswerDelta per chunk (2,000 a second: harsher than a
 live run, where the Requester coalesces deltas to at most 10 a second per request), RequestFinished
@@ -241,12 +241,18 @@ async def without_app(args) -> dict:
     def drop(event) -> None:
         received[0] += 1
 
+    lags: list[float] = []
+    stop = asyncio.Event()
+    probe = asyncio.get_running_loop().create_task(lag_probe(lags, stop))
     cpu = time.process_time()
     wall = time.perf_counter()
     await source.drive(drop)
     wall = time.perf_counter() - wall
     cpu = time.process_time() - cpu
-    return {"mode": "no-app", "chunks": source.chunks, "events": received[0], "seconds": wall, "cpu": cpu / wall}
+    stop.set()
+    await probe
+    return {"mode": "no-app", "chunks": source.chunks, "events": received[0], "seconds": wall, "cpu": cpu / wall,
+            "lag_p95": quantile(lags, 0.95), "lag_max": max(lags) if lags else float("nan")}
 
 
 def main() -> None:
@@ -254,10 +260,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--rate", type=float, default=2000.0)
-    parser.add_argument("--frame-rate", type=float, default=12.0)
+    parser.add_argument("--frame-rate", type=float, default=None, help="the app's FRAME_RATE by default")
     parser.add_argument("--no-app", action="store_true")
     parser.add_argument("--idle", action="store_true")
     args = parser.parse_args()
+    if args.frame_rate is None:
+        from tui.app.app import FRAME_RATE
+        args.frame_rate = float(FRAME_RATE)
     result = asyncio.run(without_app(args) if args.no_app else with_app(args))
     print(json.dumps(result))
 

@@ -18,7 +18,7 @@ from .model import RunModel
 from .screens import IsolationProgress, RequestDetail
 from .widgets import FindingsTable, MetricsStrip, PhaseList, SlotGrid, SlotPanel
 
-FRAME_RATE = 12          # frames per second at most; events are folded in between frames
+FRAME_RATE = 24          # frames per second at most; events are folded in between frames
 
 
 class Source(Protocol):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from rich.text import Text
 from textual.containers import Grid, VerticalScroll
 from textual.message import Message
@@ -13,10 +11,12 @@ from .model import RunModel
 from .render import metrics_line, phase_table, slot_panel
 
 SEVERITY_STYLE = {"fail": "bold red", "warn": "yellow", "info": "grey62"}
-# In the compact view (many slots, one line each) a streaming answer repaints at most this often per
-# slot; a new request, a finished one and a badge change repaint at once. At 64 slots this halves the
-# frame's cost (the compositor re-renders every changed line).
-COMPACT_STREAM_FPS = 6
+# In the compact view (many slots, one line each) a streaming answer repaints on one frame in
+# COMPACT_STREAM_TURNS, the slots taking turns (slot number modulo the turns): every frame repaints a
+# share of the grid instead of every other frame repainting all of it, so frames stay evenly spaced
+# and each costs a fraction (the compositor re-renders every changed line). A new request, a
+# finished one and a badge change repaint at once.
+COMPACT_STREAM_TURNS = 5
 
 
 class PhaseList(Static):
@@ -44,10 +44,10 @@ class SlotPanel(Static, can_focus=True):
         self.request: int | None = None
         self._drawn: tuple | None = None
         self._badge: str | None = "-"          # the badge class set last ("-": none yet)
-        self._drawn_at = 0.0
 
-    def show(self, model: RunModel, grid: int, compact: bool) -> bool:
-        """Draw the slot's request if it changed; True when a repaint was put off (draw again soon)."""
+    def show(self, model: RunModel, grid: int, compact: bool, turn: int = 0) -> bool:
+        """Draw the slot's request if it changed; True when a repaint was put off (draw again soon).
+        `turn` counts frames: a streaming compact line repaints when it is this slot's turn."""
         view = model.slots.get(self.slot)
         request = model.requests.get(view.request) if view and view.request else None
         self.request = request.request if request else None
@@ -55,12 +55,10 @@ class SlotPanel(Static, can_focus=True):
         key = (self.request, request.rev if request else None, width, compact)
         if key == self._drawn:
             return False
-        now = time.monotonic()
         if compact and request is not None and not request.finished and self._drawn is not None \
                 and key[0] == self._drawn[0] and key[2:] == self._drawn[2:] \
-                and request.badge == self._badge and now - self._drawn_at < 1 / COMPACT_STREAM_FPS:
-            return True                 # the same answer, streaming: at most COMPACT_STREAM_FPS repaints a second
-        self._drawn_at = now
+                and request.badge == self._badge and (turn + self.slot) % COMPACT_STREAM_TURNS:
+            return True                 # the same answer, streaming: not this slot's turn
         self._drawn = key
         # a slot's height is fixed by the stylesheet: a new answer needs a repaint, never a layout pass
         self.update(slot_panel(self.slot, request, model, grid, compact=compact, width=width), layout=False)
@@ -84,6 +82,7 @@ class SlotGrid(VerticalScroll):
         self._slots: tuple[int, ...] = ()
         self._inner: Grid | None = None
         self._panels: list[SlotPanel] = []
+        self._turn = 0
 
     def reset(self) -> None:
         self._slots = ()
@@ -108,8 +107,9 @@ class SlotGrid(VerticalScroll):
             self.mount(inner)
             self._inner = inner
         deferred = False
+        self._turn += 1
         for panel in self._panels:
-            deferred = panel.show(model, grid, compact) or deferred
+            deferred = panel.show(model, grid, compact, self._turn) or deferred
         return deferred
 
 

@@ -110,6 +110,18 @@ def evidence_counts(report, confidence: float = 0.95) -> dict[str, dict[str, Any
     failures: checked hits carrying a fail-class finding of the matching kind (warn and info,
     e.g. a single foreign group or a model fault on both paths, do not count).
     """
+    # every report format asks more than once; the answer holds until the report sees more events
+    state = (confidence, len(report.starts), len(report.ends), len(report.findings), len(report.fingerprints),
+             report.end is not None)
+    cached = getattr(report, "_evidence_counts", None)
+    if cached is not None and cached[0] == state:
+        return cached[1]
+    counts = _evidence_counts(report, confidence)
+    report._evidence_counts = (state, counts)
+    return counts
+
+
+def _evidence_counts(report, confidence: float) -> dict[str, dict[str, Any]]:
     key = f"upper_bound_{round(confidence * 100)}"
     failed: dict[str, set[int]] = {}
     for f in report.findings:

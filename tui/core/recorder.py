@@ -15,6 +15,7 @@ from .errors import BadInput
 from .events import EVENT_TYPES, SCHEMA_VERSION, DecodeError, Event, RunHeader, decode, encode
 
 _DELTA_PREFIX = b'{"type":"delta"'
+_READ_BLOCK = 4 << 20                 # bytes read at a time by iter_log
 _EXACT_FIELDS = {cls.type: (cls, frozenset(f.name for f in dataclasses.fields(cls))) for cls in EVENT_TYPES.values()}
 _new = object.__new__
 
@@ -128,24 +129,32 @@ def iter_log(path: str | Path, warnings: list[str] | None = None, skip_deltas: b
     except OSError as exc:
         raise BadInput(f"cannot open log {path}: {exc.strerror or exc}") from None
     with handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.endswith(b"\n") and line.strip():
-                if warnings is not None:
-                    warnings.append(f"{path}:{number}: the last line is cut short (a crash mid-write?); "
-                                    f"read up to the last good event")
-                return
-            if not line.strip() or (skip_deltas and line.startswith(_DELTA_PREFIX)):
-                continue
-            try:
-                event = decode_line(line)
-            except DecodeError as exc:
-                if warnings is not None:
-                    warnings.append(f"{path}:{number}: log ends with a damaged line ({exc}); "
-                                    f"read up to the last good event")
-                return
-            if number == 1:
-                check_header(event, path)
-            yield event
+        number = 0                                   # lines before the current block
+        tail = b""
+        while True:
+            block = handle.read(_READ_BLOCK)
+            if not block:
+                break
+            lines = (tail + block).split(b"\n") if tail else block.split(b"\n")
+            tail = lines.pop()                       # the unfinished last line, completed by the next block
+            for offset, line in enumerate(lines, start=number + 1):
+                # answer deltas are most of a log: skipped by prefix, never parsed
+                if (skip_deltas and line.startswith(_DELTA_PREFIX)) or not line.strip():
+                    continue
+                try:
+                    event = decode_line(line)
+                except DecodeError as exc:
+                    if warnings is not None:
+                        warnings.append(f"{path}:{offset}: log ends with a damaged line ({exc}); "
+                                        f"read up to the last good event")
+                    return
+                if offset == 1:
+                    check_header(event, path)
+                yield event
+            number += len(lines)
+        if tail.strip() and warnings is not None:
+            warnings.append(f"{path}:{number + 1}: the last line is cut short (a crash mid-write?); "
+                            f"read up to the last good event")
 
 
 def read_log(path: str | Path, skip_deltas: bool = False) -> LogContents:

@@ -6,19 +6,17 @@ parsing: the client must never add its own latency to what it measures.
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import json
 import os
 import time
-import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 import httpx
 import orjson
 
 from .errors import ServerProblem
+from .transport import CLOCK, JSON_HEADERS, STREAM_EXTENSIONS, StreamingTransport, direct_http_origin
 
 DIALECTS = ("vllm", "llamacpp", "sglang", "openai")
 API_KEY_ENV = "HITPROOF_API_KEY"
@@ -88,10 +86,10 @@ class OpenAIClient:
         key = os.environ.get(api_key_env) or os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        # Answer streams to a plain-http server go through _StreamingTransport (one pass over each
+        # Answer streams to a plain-http server go through StreamingTransport (one pass over each
         # network read, arrival stamped in data_received); everything else is httpx's own transport.
-        origin = _direct_http_origin(self.base_url)
-        mounts = {origin: _StreamingTransport(httpx.AsyncHTTPTransport(limits=limits), max_connections)} \
+        origin = direct_http_origin(self.base_url)
+        mounts = {origin: StreamingTransport(httpx.AsyncHTTPTransport(limits=limits), max_connections)} \
             if origin else None
         self._http = httpx.AsyncClient(
             base_url=self.base_url, headers=headers,
@@ -195,12 +193,12 @@ class OpenAIClient:
         answered = False
         absorb = self._absorb
         try:
-            async with self._http.stream("POST", path, content=content, headers=_JSON_HEADERS,
-                                         extensions=_STREAM_EXTENSIONS) as response:
+            async with self._http.stream("POST", path, content=content, headers=JSON_HEADERS,
+                                         extensions=STREAM_EXTENSIONS) as response:
                 answered = True
                 # the streaming transport stamps when the request went on the wire and when each
                 # network read arrived (before any parsing); other transports: stamped here
-                clock = response.extensions.get(_CLOCK)
+                clock = response.extensions.get(CLOCK)
                 if clock is not None:
                     started = clock.sent
                 if response.status_code >= 400:
@@ -231,7 +229,7 @@ class OpenAIClient:
                         parts.append(text)
                         if on_text is not None:
                             on_text(text)             # once per network read, not once per token
-        except httpx.RemoteProtocolError as exc:
+        except (httpx.RemoteProtocolError, httpx.WriteError) as exc:
             if result.first_byte_s is None and not answered:
                 raise _Unanswered() from None
             raise StreamError(f"stream from {path} broke: {_describe(exc)}") from None
@@ -338,369 +336,3 @@ def _json_bytes(body: dict[str, Any]) -> bytes:
         return orjson.dumps(body)
     except TypeError:
         return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
-
-
-# --- the answer-stream transport ------------------------------------------------------------------
-#
-# httpx parses a response through h11 one HTTP chunk at a time, and servers send one chunk per
-# token: at tens of thousands of tokens a second that parsing, not the server, sets the pace. This
-# transport serves only the answer streams (requests marked with _SSE) to a plain-http origin with
-# no proxy in the way: one asyncio.Protocol per connection, kept alive in a small pool; the body
-# is de-chunked a whole network read at a time, and each read is stamped with perf_counter_ns in
-# data_received, before anything looks at it. Every other request goes to httpx's own transport.
-
-_SSE = "hitproof.sse"
-_CLOCK = "hitproof.clock"
-_STREAM_EXTENSIONS = {_SSE: True}
-_JSON_HEADERS = {"Content-Type": "application/json"}
-_KEEPALIVE_EXPIRY = 5.0           # seconds an idle connection is reused (httpx's default)
-_READ_HIGH_WATER = 4 << 20        # bytes buffered unread before the socket stops being read
-
-
-def _direct_http_origin(base_url: str) -> str | None:
-    """"http://host:port" when streams to base_url go straight to the server, else None (https, or
-    an environment proxy that applies: those stay with httpx)."""
-    url = httpx.URL(base_url)
-    if url.scheme != "http" or not url.host:
-        return None
-    proxies = urllib.request.getproxies()
-    if (proxies.get("http") or proxies.get("all")) and not urllib.request.proxy_bypass(url.host):
-        return None
-    host = f"[{url.host}]" if ":" in url.host else url.host
-    return f"http://{host}" + (f":{url.port}" if url.port else "")      # no port: any port of that host
-
-
-class _Clock:
-    """When the request went on the wire and when the block being handed over arrived."""
-
-    __slots__ = ("sent", "arrived")
-
-    def __init__(self) -> None:
-        self.sent = 0
-        self.arrived = 0
-
-
-class _Connection(asyncio.Protocol):
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.transport: asyncio.Transport | None = None
-        self.pieces: collections.deque[tuple[bytes, int]] = collections.deque()
-        self.buffered = 0
-        self.closed = False
-        self.paused = False
-        self.waiter: asyncio.Future | None = None
-        self.idle_since = 0.0
-
-    # protocol callbacks
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.pieces.append((data, time.perf_counter_ns()))      # stamped on arrival
-        self.buffered += len(data)
-        if self.buffered > _READ_HIGH_WATER and not self.paused:
-            self.paused = True
-            self.transport.pause_reading()
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def eof_received(self) -> bool:
-        self.closed = True
-        self._wake()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    # reading
-    async def next_piece(self, timeout: float | None) -> tuple[bytes, int] | None:
-        """The next network read and its arrival time; None once the server closed."""
-        while not self.pieces:
-            if self.closed:
-                return None
-            waiter = self.waiter = self.loop.create_future()
-            timer = self.loop.call_later(timeout, _expire, waiter) if timeout is not None else None
-            try:
-                await waiter
-            finally:
-                self.waiter = None
-                if timer is not None:
-                    timer.cancel()
-        piece = self.pieces.popleft()
-        self.buffered -= len(piece[0])
-        if self.paused and self.buffered < _READ_HIGH_WATER // 4:
-            self.paused = False
-            self.transport.resume_reading()
-        return piece
-
-    def usable(self, now: float) -> bool:
-        return (not self.closed and not self.pieces and self.transport is not None
-                and not self.transport.is_closing() and now - self.idle_since <= _KEEPALIVE_EXPIRY)
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-
-
-def _expire(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
-
-
-class _StreamingTransport(httpx.AsyncBaseTransport):
-    def __init__(self, inner: httpx.AsyncBaseTransport, max_connections: int):
-        self.inner = inner
-        self.max_connections = max_connections
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
-        self._slots: asyncio.Semaphore | None = None
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if not request.extensions.get(_SSE) or request.url.scheme != "http" \
-                or not isinstance(request.stream, httpx.ByteStream):
-            return await self.inner.handle_async_request(request)
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:                    # a new event loop: the old connections are unusable
-            self._loop, self._idle, self._slots = loop, {}, asyncio.Semaphore(self.max_connections)
-        timeouts = request.extensions.get("timeout") or {}
-        slots = self._slots
-        if slots.locked():
-            try:
-                await asyncio.wait_for(slots.acquire(), timeouts.get("pool"))
-            except asyncio.TimeoutError:
-                raise httpx.PoolTimeout("no free connection in the pool", request=request) from None
-        else:
-            await slots.acquire()
-        key = (request.url.host, request.url.port or 80)
-        try:
-            conn = await self._connection(loop, key, request, timeouts.get("connect"))
-        except BaseException:
-            slots.release()
-            raise
-        try:
-            head = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
-            head += [b"%s: %s\r\n" % (name, value) for name, value in request.headers.raw]
-            head.append(b"\r\n")
-            head.append(request.content)
-            clock = _Clock()
-            clock.sent = time.perf_counter_ns()
-            conn.transport.write(b"".join(head))
-            status, reason, headers, version, leftover = await self._read_head(conn, request, timeouts.get("read"))
-        except BaseException:
-            self._release(conn, key, False)
-            raise
-        body = _Body(self, conn, key, request, status, headers, version, leftover, clock, timeouts.get("read"))
-        return httpx.Response(status, headers=headers, stream=body,
-                              extensions={"http_version": version, "reason_phrase": reason, _CLOCK: clock})
-
-    async def _connection(self, loop, key, request, timeout) -> _Connection:
-        idle = self._idle.get(key)
-        now = loop.time()
-        while idle:
-            conn = idle.pop()
-            if conn.usable(now):
-                return conn
-            conn.close()
-        try:
-            _, conn = await asyncio.wait_for(loop.create_connection(lambda: _Connection(loop), key[0], key[1]),
-                                             timeout)
-        except asyncio.TimeoutError:
-            raise httpx.ConnectTimeout(f"connecting to {key[0]}:{key[1]} timed out", request=request) from None
-        except OSError as exc:
-            raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from None
-        return conn
-
-    @staticmethod
-    async def _read_head(conn: _Connection, request: httpx.Request, timeout: float | None):
-        data = b""
-        while True:
-            end = data.find(b"\r\n\r\n")
-            if end >= 0:
-                lines = data[:end].split(b"\r\n")
-                version, _, rest = lines[0].partition(b" ")
-                code, _, reason = rest.partition(b" ")
-                try:
-                    status = int(code)
-                except ValueError:
-                    raise httpx.RemoteProtocolError(f"bad status line {lines[0][:80]!r}", request=request) from None
-                if 100 <= status < 200:                 # an interim response: the real one follows
-                    data = data[end + 4:]
-                    continue
-                headers = []
-                for line in lines[1:]:
-                    name, sep, value = line.partition(b":")
-                    if not sep:
-                        raise httpx.RemoteProtocolError(f"bad header line {line[:80]!r}", request=request)
-                    headers.append((name.strip(), value.strip()))
-                return status, reason, headers, version, (data[end + 4:], stamp)
-            if len(data) > 1 << 20:
-                raise httpx.RemoteProtocolError("response head too large", request=request)
-            try:
-                piece = await conn.next_piece(timeout)
-            except TimeoutError:
-                raise httpx.ReadTimeout("timed out waiting for the response", request=request) from None
-            if piece is None:
-                raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
-            data += piece[0]
-            stamp = piece[1]
-
-    def _release(self, conn: _Connection, key: tuple[str, int], reusable: bool) -> None:
-        if reusable and not conn.closed and self._loop is conn.loop:
-            conn.idle_since = conn.loop.time()
-            self._idle.setdefault(key, []).append(conn)
-        else:
-            conn.close()
-        if self._slots is not None and self._loop is conn.loop:
-            self._slots.release()
-
-    async def aclose(self) -> None:
-        for conns in self._idle.values():
-            for conn in conns:
-                conn.close()
-        self._idle = {}
-        await self.inner.aclose()
-
-
-class _Body(httpx.AsyncByteStream):
-    """The response body, de-chunked one network read at a time; sets clock.arrived per block."""
-
-    def __init__(self, pool: _StreamingTransport, conn: _Connection, key, request: httpx.Request, status: int,
-                 headers: list[tuple[bytes, bytes]], version: bytes, leftover: tuple[bytes, int], clock: _Clock,
-                 timeout: float | None):
-        self.pool, self.conn, self.key, self.request = pool, conn, key, request
-        self.clock, self.timeout = clock, timeout
-        self.leftover = leftover
-        self.released = False
-        self.done = False
-        self.extra = False                # bytes after the end of the body: the connection is not reusable
-        names = {name.lower(): value for name, value in headers}
-        tokens = {t.strip().lower() for t in names.get(b"connection", b"").split(b",")}
-        self.keep_alive = version == b"HTTP/1.1" and b"close" not in tokens
-        self.chunked = False
-        self.length: int | None = None
-        if request.method == "HEAD" or status in (204, 304):
-            self.length = 0
-        elif b"chunked" in names.get(b"transfer-encoding", b"").lower():
-            self.chunked = True
-            self._buf = b""
-            self._remaining = 0           # bytes left of the current chunk's data
-            self._crlf = False            # the CRLF after a chunk's data is due
-            self._trailer = False
-        elif names.get(b"content-length") is not None:
-            try:
-                self.length = int(names[b"content-length"])
-            except ValueError:
-                raise httpx.RemoteProtocolError("bad content-length", request=request) from None
-        else:
-            self.keep_alive = False       # delimited by the server closing the connection
-        if self.length == 0:
-            self.done = True
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        data, stamp = self.leftover
-        self.leftover = (b"", 0)
-        while True:
-            if data:
-                block = self._decode(data)
-                if block:
-                    self.clock.arrived = stamp
-                    yield block
-            if self.done:
-                return
-            try:
-                piece = await self.conn.next_piece(self.timeout)
-            except TimeoutError:
-                raise httpx.ReadTimeout("timed out waiting for the stream", request=self.request) from None
-            if piece is None:
-                if not self.chunked and self.length is None:
-                    self.done = True
-                    return
-                raise httpx.RemoteProtocolError("peer closed connection without sending complete message body",
-                                                request=self.request)
-            data, stamp = piece
-
-    def _decode(self, data: bytes) -> bytes:
-        if self.done:
-            self.extra = True
-            return b""
-        if not self.chunked:
-            if self.length is None:
-                return data
-            if len(data) >= self.length:
-                if len(data) > self.length:
-                    self.extra = True
-                data, self.length, self.done = data[:self.length], 0, True
-                return data
-            self.length -= len(data)
-            return data
-        buf = self._buf + data if self._buf else data
-        out: list[bytes] = []
-        append = out.append
-        find = buf.find
-        pos, size = 0, len(buf)
-        need, crlf = self._remaining, self._crlf
-        while pos < size:
-            if need:                                  # the rest of a chunk cut by the previous read
-                end = pos + need
-                if end > size:
-                    append(buf[pos:])
-                    need, pos = end - size, size
-                    break
-                append(buf[pos:end])
-                pos, need, crlf = end, 0, True
-            if crlf:
-                if size - pos < 2:
-                    break
-                if buf[pos] != 13 or buf[pos + 1] != 10:
-                    raise httpx.RemoteProtocolError("bad chunk framing", request=self.request)
-                pos += 2
-                crlf = False
-                continue
-            end = find(b"\r\n", pos)
-            if end < 0:
-                if size - pos > 4096:
-                    raise httpx.RemoteProtocolError("bad chunk size line", request=self.request)
-                break
-            line = buf[pos:end]
-            pos = end + 2
-            if self._trailer:
-                if not line:
-                    self.done = True
-                    if pos < size:
-                        self.extra = True
-                    pos = size
-                    break
-                continue
-            try:
-                length = int(line, 16)
-            except ValueError:
-                try:
-                    length = int(line.split(b";", 1)[0], 16)        # a chunk extension
-                except ValueError:
-                    raise httpx.RemoteProtocolError(f"bad chunk size {line[:40]!r}", request=self.request) from None
-            if not length:
-                self._trailer = True
-                continue
-            stop = pos + length
-            if stop + 2 <= size and buf[stop] == 13 and buf[stop + 1] == 10:    # the whole chunk is here
-                append(buf[pos:stop])
-                pos = stop + 2
-            else:
-                need = length
-        self._remaining, self._crlf = need, crlf
-        self._buf = buf[pos:] if pos < size else b""
-        return out[0] if len(out) == 1 else b"".join(out)
-
-    async def aclose(self) -> None:
-        if self.released:
-            return
-        self.released = True
-        self.pool._release(self.conn, self.key, self.done and self.keep_alive and not self.extra)

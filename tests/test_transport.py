@@ -1,0 +1,182 @@
+"""The answer-stream transport (tui/core/transport.py) against a loopback server that writes raw
+HTTP: chunk framing cut at awkward places, other body framings, keep-alive reuse, a server that
+hangs up mid-body, and the arrival stamp taken by the kernel rather than by a busy event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+import threading
+import time
+
+import pytest
+
+from tui.core.client import OpenAIClient, RequestSpec, StreamError
+
+
+def sse_events(texts: list[str], finish: str = "stop") -> list[bytes]:
+    events = []
+    for i, text in enumerate(texts):
+        choice = {"index": 0, "text": text, "finish_reason": finish if i == len(texts) - 1 else None}
+        events.append(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+def chunked(pieces: list[bytes], extension: bool = False) -> bytes:
+    out = b""
+    for piece in pieces:
+        out += b"%x%s\r\n%s\r\n" % (len(piece), b";name=x" if extension else b"", piece)
+    return out + b"0\r\n\r\n"
+
+
+class RawServer:
+    """Answers each request on a connection with the next scripted reply: a list of (delay s, bytes)."""
+
+    def __init__(self, replies):
+        self.replies = list(replies)
+        self.connections = 0
+        self.requests = 0
+
+    async def __aenter__(self):
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc):
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.connections += 1
+        try:
+            while self.replies:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next((line.split(b":")[1] for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length")), b"0"))
+                await reader.readexactly(length)
+                self.requests += 1
+                for delay, data in self.replies.pop(0):
+                    if delay:
+                        await asyncio.sleep(delay)
+                    if data is None:
+                        writer.close()
+                        return
+                    writer.write(data)
+                    await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+SPEC = RequestSpec(api="completions", prompt="hello", max_tokens=8)
+
+
+def split_everywhere(data: bytes, sizes=(1, 2, 3, 5, 7, 11)) -> list[tuple[float, bytes]]:
+    """The bytes in small writes with tiny pauses, so reads end inside size lines, data and CRLFs."""
+    out, i, k = [], 0, 0
+    while i < len(data):
+        size = sizes[k % len(sizes)]
+        out.append((0.001, data[i:i + size]))
+        i += size
+        k += 1
+    return out
+
+
+async def stream_once(server_replies, spec=SPEC):
+    async with RawServer(server_replies) as server:
+        client = OpenAIClient(server.url)
+        try:
+            result = await client.stream(spec)
+        finally:
+            await client.aclose()
+        return result, server
+
+
+async def test_chunk_framing_cut_anywhere_gives_the_exact_text():
+    body = chunked(sse_events([" 7395", "-2841", " and a long tail" * 20]), extension=True)
+    result, _ = await stream_once([[(0, CHUNKED_HEAD)] + split_everywhere(body)])
+    assert result.text == " 7395-2841" + " and a long tail" * 20
+    assert result.finish_reason == "stop"
+
+
+async def test_content_length_and_close_delimited_bodies():
+    payload = b"".join(sse_events(["a", "b"]))
+    fixed = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload
+    result, _ = await stream_once([[(0, fixed)]])
+    assert result.text == "ab"
+    closing = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n" + payload
+    result, _ = await stream_once([[(0, closing), (0.01, None)]])
+    assert result.text == "ab"
+
+
+async def test_a_kept_alive_connection_serves_the_next_stream():
+    body = CHUNKED_HEAD + chunked(sse_events(["x"]))
+    async with RawServer([[(0, body)], [(0, body)]]) as server:
+        client = OpenAIClient(server.url)
+        try:
+            first = await client.stream(SPEC)
+            second = await client.stream(SPEC)
+        finally:
+            await client.aclose()
+    assert (first.text, second.text) == ("x", "x")
+    assert server.requests == 2 and server.connections == 1
+
+
+async def test_a_server_hanging_up_mid_body_is_a_stream_error():
+    body = chunked(sse_events(["partial", "rest"]))
+    with pytest.raises(StreamError, match="broke"):
+        await stream_once([[(0, CHUNKED_HEAD + body[:40]), (0.01, None)]])
+
+
+async def test_bad_chunk_framing_is_a_stream_error():
+    with pytest.raises(StreamError, match="chunk"):
+        await stream_once([[(0, CHUNKED_HEAD + b"zz\r\nnot a chunk\r\n"), (0.05, None)]])
+
+
+async def test_an_http_error_status_keeps_the_server_message():
+    error = b'{"error": {"message": "model not loaded"}}'
+    reply = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: %d\r\n\r\n" % len(error) + error
+    with pytest.raises(Exception, match="HTTP 503.*model not loaded"):
+        await stream_once([[(0, reply)]])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="kernel receive stamps are a Linux facility")
+async def test_first_token_is_stamped_on_arrival_even_when_the_loop_is_busy():
+    """A server in its own thread answers 20 ms after the request; the client's loop is blocked for
+    300 ms right after sending (as by hundreds of other streams being judged). The reported first
+    byte is the kernel's arrival time, not the moment the loop got round to reading."""
+    body = CHUNKED_HEAD + chunked(sse_events(["first", "second"]))
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            time.sleep(0.02)
+            conn.sendall(body)
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = OpenAIClient(f"http://127.0.0.1:{listener.getsockname()[1]}")
+
+    async def block_the_loop():
+        await asyncio.sleep(0.005)              # the request is on the wire by now
+        time.sleep(0.3)
+
+    try:
+        blocker = asyncio.create_task(block_the_loop())
+        result = await client.stream(SPEC)
+        await blocker
+    finally:
+        await client.aclose()
+        listener.close()
+    assert result.text == "firstsecond"
+    assert 0.015 <= result.first_byte_s < 0.2, result.first_byte_s
+    assert result.ttft_s == result.first_byte_s

@@ -144,11 +144,11 @@ async def test_an_http_error_status_keeps_the_server_message():
         await stream_once([[(0, reply)]])
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="kernel receive stamps are a Linux facility")
 async def test_first_token_is_stamped_on_arrival_even_when_the_loop_is_busy():
     """A server in its own thread answers 20 ms after the request; the client's loop is blocked for
-    300 ms right after sending (as by hundreds of other streams being judged). The reported first
-    byte is the kernel's arrival time, not the moment the loop got round to reading."""
+    300 ms right after sending (as by hundreds of other streams being judged). On Linux the reported
+    first byte is the kernel's arrival time, not the moment the loop got round to reading; elsewhere
+    (no kernel stamps) it is the read, and the test shows that difference."""
     body = CHUNKED_HEAD + chunked(sse_events(["first", "second"]))
     listener = socket.create_server(("127.0.0.1", 0))
 
@@ -178,5 +178,8 @@ async def test_first_token_is_stamped_on_arrival_even_when_the_loop_is_busy():
         await client.aclose()
         listener.close()
     assert result.text == "firstsecond"
-    assert 0.015 <= result.first_byte_s < 0.2, result.first_byte_s
+    if sys.platform == "linux":
+        assert 0.015 <= result.first_byte_s < 0.2, result.first_byte_s
+    else:
+        assert result.first_byte_s >= 0.3, result.first_byte_s
     assert result.ttft_s == result.first_byte_s

@@ -1,6 +1,6 @@
 """hitproof's benchmarks: every figure next to its baseline measured in the same run, as a ratio.
 
-    python benchmarks/run.py                 # the full run (about 10 minutes on 2 cores)
+    python benchmarks/run.py                 # the full run (about 5 minutes on 2 cores)
     python benchmarks/run.py --quick         # small sizes, a minute: the smoke test runs this
     python benchmarks/run.py --only fidelity,throughput --json results.json --markdown results.md
 

@@ -1,5 +1,8 @@
 """The pure detectors, with exact offsets."""
 
+import random
+import re
+
 from tui.core.checks import (check_recall, classify_determinism, find_foreign_codes, find_repetition,
                              first_divergence, is_empty, wrong_task)
 
@@ -200,3 +203,39 @@ def test_fingerprint_only_compares_the_leading_tokens():
     longer = A + _fp(("tail", -3.0, {}))
     assert fingerprint_match(longer, A, 2).same_tokens
     assert not fingerprint_match(longer, A, 3).same_tokens
+
+
+def _repetition_by_regex_alone(text: str, min_repeats: int = 8, max_unit: int = 12):
+    pattern = re.compile(rf"(.{{1,{max_unit}}}?)\1{{{min_repeats - 1},}}", re.DOTALL)
+    for match in pattern.finditer(text):
+        unit = match.group(1)
+        if unit.strip() and len(unit.split()) == 1:
+            return (unit, len(match.group(0)) // len(unit), match.start())
+    return None
+
+
+def test_repetition_prefilter_never_hides_what_the_scan_finds():
+    """find_repetition skips its regex when no stretch of the answer has a short period; on random
+    answers over a small alphabet (many near-misses: 7 repeats, units of 12 and 13, repeats cut by
+    one character, non-ASCII) its result equals the regex's alone."""
+    rng = random.Random(7)
+    alphabet = ["a", "b", " ", "é", "7", "-", "\U0001F600", "\n"]
+    found = 0
+    for case in range(600):
+        pieces = []
+        for _ in range(rng.randint(1, 6)):
+            if rng.random() < 0.5:
+                unit = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 13)))
+                run = unit * rng.randint(5, 9)
+                if rng.random() < 0.3:
+                    cut = rng.randrange(len(run))
+                    run = run[:cut] + "Z" + run[cut + 1:]
+                pieces.append(run)
+            else:
+                pieces.append("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))))
+        text = "".join(pieces)
+        expected = _repetition_by_regex_alone(text)
+        got = find_repetition(text)
+        assert (None if got is None else (got.unit, got.count, got.offset)) == expected, (case, text)
+        found += expected is not None
+    assert 100 < found < 500                # both outcomes were exercised

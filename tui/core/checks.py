@@ -98,6 +98,8 @@ def find_repetition(answer: str, min_repeats: int = 8, max_unit_chars: int = 12)
     Whole-phrase loops (a base model repeating a sentence) are not a collapse; the unit is
     capped at one short word so "the the the ..." and "0000..." match and sentences do not.
     """
+    if not _may_repeat(answer, min_repeats, max_unit_chars):
+        return None                         # no stretch with a short period: the scan below cannot match
     pattern = _REPEAT if (min_repeats, max_unit_chars) == (8, 12) else \
         re.compile(rf"(.{{1,{max_unit_chars}}}?)\1{{{min_repeats - 1},}}", re.DOTALL)
     for match in pattern.finditer(answer):
@@ -109,6 +111,23 @@ def find_repetition(answer: str, min_repeats: int = 8, max_unit_chars: int = 12)
         count = len(match.group(0)) // len(unit)
         return Repetition(unit=unit, count=count, offset=match.start())
     return None
+
+
+def _may_repeat(answer: str, min_repeats: int, max_unit_chars: int) -> bool:
+    """A necessary condition for find_repetition's pattern, several times cheaper than the regex
+    on a long answer: a unit of u characters repeated min_repeats times means answer[j] ==
+    answer[j + u] for (min_repeats - 1) * u positions in a row. In UTF-32 every character is 4
+    bytes, so the answer XOR itself shifted by u characters has that many zero bytes in a row."""
+    data = answer.encode("utf-32-le")
+    size = len(data)
+    for unit in range(1, max_unit_chars + 1):
+        shift, need = 4 * unit, 4 * (min_repeats - 1) * unit
+        if size - shift < need:
+            break
+        same = int.from_bytes(data[:size - shift], "little") ^ int.from_bytes(data[shift:], "little")
+        if same.to_bytes(size - shift, "little").find(bytes(need)) >= 0:
+            return True
+    return False
 
 
 def first_divergence(a: str, b: str) -> int | None:

@@ -79,3 +79,42 @@ def test_damaged_line_in_the_middle_stops_with_warning(tmp_path):
     _write(path, RunHeader(seq=1), tail='{"type": "finding", "se\n' + encode(Finding(seq=3, kind="x")) + "\n")
     log = read_log(path)
     assert len(log.events) == 1 and "damaged line" in log.warning and ":2:" in log.warning
+
+
+def _recorded(path, events, tail=""):
+    """The log exactly as the Recorder writes it (compact lines), plus an optional raw tail."""
+    from tui.core.recorder import encode_line
+    path.write_bytes(b"".join(encode_line(e) for e in events) + tail.encode())
+
+
+def test_reading_only_some_types_matches_filtering_the_full_read(tmp_path, monkeypatch):
+    """`only` skips other lines unparsed (a C-level scan per block); across small blocks the
+    events, their order and the line numbers in warnings are those of the full read."""
+    import tui.core.recorder as recorder
+    from tui.core.events import AnswerDelta, MetricsSample, RequestStarted
+    from tui.core.recorder import iter_log
+    events = [RunHeader(seq=1)]
+    for i in range(60):
+        events += [RequestStarted(seq=0, request=i, phase="p"), AnswerDelta(request=i, text="x" * (i % 7)),
+                   MetricsSample(values={"a": float(i)}), RequestFinished(request=i, text="ok")]
+    path = tmp_path / "log.jsonl"
+    _recorded(path, events, tail='{"type":"request_end","request":9')
+    monkeypatch.setattr(recorder, "_READ_BLOCK", 301)          # many blocks, lines cut across them
+    wanted = {"header", "request_start", "request_end"}
+    full_warnings, only_warnings = [], []
+    full = [e for e in iter_log(path, full_warnings) if e.type in wanted]
+    only = list(iter_log(path, only_warnings, only=wanted))
+    assert [(e.type, getattr(e, "request", None)) for e in only] == [(e.type, getattr(e, "request", None)) for e in full]
+    assert len(only) == 121 and only_warnings == full_warnings and f":{len(events) + 1}:" in only_warnings[0]
+
+
+def test_reading_only_some_types_still_stops_at_a_damaged_line(tmp_path):
+    from tui.core.recorder import encode_line, iter_log
+    for damaged in ('{"type":"finding","se', "garbage that is no event"):
+        path = tmp_path / "mid.jsonl"
+        path.write_bytes(encode_line(RunHeader(seq=1)) + encode_line(Finding(seq=2, kind="x"))
+                         + damaged.encode() + b"\n" + encode_line(Finding(seq=4, kind="y")))
+        warnings = []
+        got = list(iter_log(path, warnings, only={"header", "finding"}))
+        assert [e.type for e in got] == ["header", "finding"], damaged
+        assert "damaged line" in warnings[0] and ":3:" in warnings[0], warnings

@@ -316,11 +316,11 @@ def _report(args, console: Console) -> int:
     from .core.formats import incident_text, to_junit, to_markdown
     from .core.power import power_json
     from .core.recorder import iter_log
-    from .core.report import RunReport
+    from .core.report import FED_TYPES, RunReport
     from .headless import report_text
 
     warnings: list[str] = []
-    report = RunReport.from_events(iter_log(args.log, warnings, skip_deltas=True))
+    report = RunReport.from_events(iter_log(args.log, warnings, only=FED_TYPES))
     report.warning = warnings[0] if warnings else None
     if args.format == "json":
         data = report.to_json()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Collection, Iterator
 
 import aiofiles
 import orjson
@@ -15,6 +16,7 @@ from .errors import BadInput
 from .events import EVENT_TYPES, SCHEMA_VERSION, DecodeError, Event, RunHeader, decode, encode
 
 _DELTA_PREFIX = b'{"type":"delta"'
+_TYPE_PREFIX = b'{"type":"'                # how the recorder starts every line (9 bytes)
 _READ_BLOCK = 4 << 20                 # bytes read at a time by iter_log
 _EXACT_FIELDS = {cls.type: (cls, frozenset(f.name for f in dataclasses.fields(cls))) for cls in EVENT_TYPES.values()}
 _new = object.__new__
@@ -120,14 +122,17 @@ def check_header(event: Event, path: str | Path) -> RunHeader:
     return event
 
 
-def iter_log(path: str | Path, warnings: list[str] | None = None, skip_deltas: bool = False) -> Iterator[Event]:
+def iter_log(path: str | Path, warnings: list[str] | None = None, skip_deltas: bool = False,
+             only: Collection[str] | None = None) -> Iterator[Event]:
     """Events of a log, in order. A bad line stops the read with a warning (a crash mid-write).
-    `skip_deltas` leaves out answer deltas (their text is repeated in request_end) unparsed."""
+    `skip_deltas` leaves out answer deltas (their text is repeated in request_end) unparsed;
+    `only` (event type names) leaves out, unparsed, every line of another type."""
     path = Path(path)
     try:
         handle = open(path, "rb")
     except OSError as exc:
         raise BadInput(f"cannot open log {path}: {exc.strerror or exc}") from None
+    wanted = _wanted_lines(only) if only is not None else None
     with handle:
         number = 0                                   # lines before the current block
         tail = b""
@@ -135,26 +140,65 @@ def iter_log(path: str | Path, warnings: list[str] | None = None, skip_deltas: b
             block = handle.read(_READ_BLOCK)
             if not block:
                 break
-            lines = (tail + block).split(b"\n") if tail else block.split(b"\n")
-            tail = lines.pop()                       # the unfinished last line, completed by the next block
-            for offset, line in enumerate(lines, start=number + 1):
-                # answer deltas are most of a log: skipped by prefix, never parsed
-                if (skip_deltas and line.startswith(_DELTA_PREFIX)) or not line.strip():
-                    continue
-                try:
-                    event = decode_line(line)
-                except DecodeError as exc:
-                    if warnings is not None:
-                        warnings.append(f"{path}:{offset}: log ends with a damaged line ({exc}); "
-                                        f"read up to the last good event")
-                    return
-                if offset == 1:
-                    check_header(event, path)
-                yield event
-            number += len(lines)
+            data = tail + block if tail else block
+            cut = data.rfind(b"\n") + 1
+            whole, tail = data[:cut], data[cut:]      # the unfinished last line waits for the next block
+            if not whole:
+                continue
+            count = whole.count(b"\n")
+            if wanted is not None and (b"\n" + whole).count(b'\n{"type":"') == count:
+                # every line is an event line: the wanted ones are found by one C-level scan
+                scanned = b"\n" + whole
+                for match in wanted.finditer(scanned):
+                    at = match.start()
+                    # the line's number is counted only when it is needed: the header, or a damaged line
+                    offset = 1 if number == 0 and at == 0 else None
+                    event = _checked(match.group()[1:], offset, path, warnings,
+                                     lambda: number + scanned.count(b"\n", 0, at + 1))
+                    if event is None:
+                        return
+                    yield event
+            else:
+                for offset, line in enumerate(whole[:-1].split(b"\n"), start=number + 1):
+                    if wanted is not None and line.startswith(_TYPE_PREFIX):
+                        if line[9:line.find(b'"', 9)].decode("ascii", "replace") not in only:
+                            continue
+                    elif skip_deltas and line.startswith(_DELTA_PREFIX):
+                        continue                     # answer deltas are most of a log: never parsed
+                    if not line.strip():
+                        continue
+                    event = _checked(line, offset, path, warnings)
+                    if event is None:
+                        return
+                    yield event
+            number += count
         if tail.strip() and warnings is not None:
             warnings.append(f"{path}:{number + 1}: the last line is cut short (a crash mid-write?); "
                             f"read up to the last good event")
+
+
+def _wanted_lines(only: Collection[str]) -> re.Pattern[bytes]:
+    """Lines (after a newline) of the given event types, as the recorder writes them."""
+    names = b"|".join(re.escape(name.encode("ascii")) for name in sorted(only))
+    return re.compile(b'\n\\{"type":"(?:' + names + b')"[^\n]*')
+
+
+def _checked(line: bytes, offset: int | None, path: Path, warnings: list[str] | None,
+             where: Callable[[], int] | None = None) -> Event | None:
+    """The line's event; None (with a warning) when it is damaged: the read stops there. `offset`
+    is the line's number (None: not counted yet, `where()` counts it)."""
+    try:
+        event = decode_line(line)
+    except DecodeError as exc:
+        if warnings is not None:
+            if offset is None and where is not None:
+                offset = where()
+            warnings.append(f"{path}:{offset}: log ends with a damaged line ({exc}); "
+                            f"read up to the last good event")
+        return None
+    if offset == 1:
+        check_header(event, path)
+    return event
 
 
 def read_log(path: str | Path, skip_deltas: bool = False) -> LogContents:

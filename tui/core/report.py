@@ -406,3 +406,6 @@ class EndTable(_Table):
 
 
 _NO_CHECKS: frozenset[str] = frozenset()
+
+
+FED_TYPES = frozenset(cls.type for cls in _FEEDERS)     # the event types a RunReport reads; a log reader may skip the rest

@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from workload import parse_workload  # noqa: E402  (benchmarks/ is the script's own directory)
+
 REGISTRY_SIZE = 64          # codes planted in the run: the foreign-code check scans for all of them
 
 
@@ -149,18 +151,7 @@ async def run(args) -> dict:
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--client", choices=("raw", "hitproof"), required=True)
-    parser.add_argument("--mode", choices=("ttft", "flood"), required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--streams", type=int, default=1)
-    parser.add_argument("--requests", type=int, default=10)
-    parser.add_argument("--chunks", type=int, default=20)
-    parser.add_argument("--rate", type=float, default=50.0)
-    parser.add_argument("--delay-ms", type=float, default=20.0)
-    parser.add_argument("--prompt-chars", type=int, default=100)
-    args = parser.parse_args(argv)
-    if args.mode == "flood":
-        args.rate, args.delay_ms = 0.0, 0.0
-    return args
+    return parse_workload(parser, argv)
 
 
 def main() -> None:

@@ -90,19 +90,11 @@ async def run(args) -> dict:
 
 
 def main() -> None:
+    from workload import parse_workload     # benchmarks/, the script's own directory
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("ttft", "flood"), required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--streams", type=int, default=1)
-    parser.add_argument("--requests", type=int, default=10)
-    parser.add_argument("--chunks", type=int, default=20)
-    parser.add_argument("--rate", type=float, default=50.0)
-    parser.add_argument("--delay-ms", type=float, default=20.0)
-    parser.add_argument("--prompt-chars", type=int, default=100)
     parser.add_argument("--client", default="vllm")       # accepted for symmetry with clients.py
-    args = parser.parse_args()
-    if args.mode == "flood":
-        args.rate, args.delay_ms = 0.0, 0.0
+    args = parse_workload(parser)
     print(json.dumps(asyncio.run(run(args))))
 
 

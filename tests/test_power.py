@@ -113,15 +113,19 @@ def test_failures_are_fail_class_findings_on_checked_hits():
 
 
 def test_determinism_counts_only_a_classification_that_can_tell():
-    def det(kind):
+    def det(kind, severity=None):
         reqs = [_req(1, "determinism", code="1111-2222-3333", task="determinism", cached=0, checks={"foreign": []}),
                 _req(2, "determinism", code="1111-2222-3333", task="determinism", checks={"foreign": []}),
                 _req(3, "determinism", code="1111-2222-3333", task="determinism", checks={"foreign": []})]
+        findings = [Finding(seq=49, kind="cache_path_divergence", severity=severity, phase="determinism",
+                            request=2)] if severity else []
         end = PhaseFinished(seq=50, phase="determinism", status="pass",
                             summary={"determinism": {"kind": kind, "hit_vs_cold": 4 if kind != "identical" else None}})
-        return evidence_counts(_report(*reqs, extra=[end]))["determinism"]
+        return evidence_counts(_report(*reqs, findings=findings, extra=[end]))["determinism"]
     assert det("identical")["checked_hits"] == 2 and det("identical")["failures"] == 0
-    assert det("cache_path_divergence")["failures"] == 2          # hit == hit != cold: both diverged
+    assert det("cache_path_divergence", "fail")["failures"] == 2  # hit == hit != cold: both diverged
+    # a near-tied flip judged info is numerics: the power count agrees with the verdict (no failure)
+    assert det("cache_path_divergence", "info") == {**det("identical"), "sentence": det("identical")["sentence"]}
     assert det("kernel_nondeterminism")["checked_hits"] == 0      # the kernel varies: hit vs cold tells nothing
 
 

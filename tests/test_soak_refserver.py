@@ -90,7 +90,8 @@ async def test_detectors_fire_through_a_corrupting_proxy(refserver, tmp_path, mo
 
 
 async def test_http_500_mid_run_exits_3_and_keeps_the_log(refserver, tmp_path):
-    proxy = await CorruptingProxy(refserver.url, "http500", after=3).start()
+    # the first completion is the cache-report probe, then three soak requests, then the 500
+    proxy = await CorruptingProxy(refserver.url, "http500", after=4).start()
     log = tmp_path / "run.jsonl"
     try:
         result = await run_hitproof("run", "--attach", proxy.url, "--scenario", QUICK, "--headless",
@@ -130,7 +131,7 @@ async def test_broken_toml_names_file_line_key(tmp_path):
     bad = scenario(tmp_path, "[phases.rotation]\nslots = 4\nrouns = 2\n")
     result = await run_hitproof("run", "--attach", "http://127.0.0.1:9", "--scenario", str(bad), "--headless")
     assert result.code == 2
-    assert result.err.strip() == f"hitproof: error: {bad}:3: phases.rotation.rouns: unknown key (known: slots, rounds, memo_tokens)"
+    assert result.err.strip() == f"hitproof: error: {bad}:3: phases.rotation.rouns: unknown key (known: slots, rounds, memo_tokens, tasks)"
 
 
 async def test_unknown_phase_is_bad_input(tmp_path):

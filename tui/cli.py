@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -53,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="re-send every fail- or warn-class request alone (k hits, k cold) before finishing")
     run.add_argument("--verbose", action="store_true",
                      help="also print info-level findings and a launched server's output")
+    run.add_argument("--power", metavar="RATE",
+                     help="a per-hit fault rate the run must rule out, e.g. 1%% or 0.01 (overrides the scenario's "
+                          "[power] fault_rate): rotation keeps going until enough hits were checked, or its "
+                          "budget is spent (then exit 4)")
 
     matrix = sub.add_parser("matrix", help="run one scenario once per launch profile (a fresh server each), "
                                            "write DIR/matrix.json and DIR/matrix.md")
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "size":
             return _size(args, console)
     except HitproofError as exc:
-        err.print(f"hitproof: error: {exc}", style="red", markup=False)
+        err.print(f"hitproof: error: {exc}", style="red", markup=False, soft_wrap=True)
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("hitproof: interrupted", style="yellow")
@@ -159,6 +164,9 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
     if args.startup_timeout is not None and args.startup_timeout <= 0:
         raise HitproofError("--startup-timeout must be more than 0 seconds")
     scenario = load_scenario(resolve_scenario_path(args.scenario))
+    if args.power is not None:
+        scenario = dataclasses.replace(scenario, power=dataclasses.replace(scenario.power,
+                                                                          fault_rate=parse_rate(args.power)))
     plan = None
     if args.profile:        # validated (exit 2) before anything starts
         profile = load_profile(resolve_profile_path(args.profile))
@@ -218,7 +226,7 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
         console.print(summary_renderable(report, show_info=args.verbose))
         console.print(power_line(report), style="grey62")
     if outcome.verdict == "error":
-        err.print(f"hitproof: error: {outcome.message}", style="red", markup=False)
+        err.print(f"hitproof: error: {outcome.message}", style="red", markup=False, soft_wrap=True)
     if record:
         console.print(f"log: {record}")
     return outcome.exit_code
@@ -346,6 +354,18 @@ def _report(args, console: Console) -> int:
     if report.warning:
         Console(stderr=True).print(f"hitproof: warning: {report.warning}", style="yellow", markup=False)
     return 0
+
+
+def parse_rate(text: str) -> float:
+    """"1%", "0.5 %" or "0.01" -> 0.01; a rate outside (0, 1) is bad input."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise HitproofError(f"--power {text}: not a rate (write 1% or 0.01)") from None
+    if not 0.0 < value < 1.0:
+        raise HitproofError(f"--power {text}: the rate must be above 0 and below 100%")
+    return value
 
 
 def _normalize_url(url: str) -> str:

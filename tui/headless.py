@@ -12,7 +12,7 @@ from rich.text import Text
 
 from .core.events import (Event, Finding, IsolationFinished, IsolationStarted, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted,
                           RunFinished, ServerInfo, ServerLog)
-from .core.formats import _kv, _sampling, _settings
+from .core.formats import _determinism_line, _kv, _sampling, _settings
 from .core.power import power_line
 from .core.report import RunReport
 
@@ -107,6 +107,9 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
             _ms(phase.get("ttft_cold_ms")), _ms(phase.get("ttft_hit_ms")),
             f"{counts.get('fail', 0)}/{counts.get('warn', 0)}/{counts.get('info', 0)}")
     lines: list = [table]
+    proof = proof_line(report)
+    if proof:
+        lines.append(Text(f"  {proof}"))
     for name, phase in report.phases.items():
         for reason in phase.get("reasons") or []:
             lines.append(Text(f"  {name}: {reason}", style="yellow"))
@@ -115,10 +118,7 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
                               f"{phase.get('ttft_cold_s')} s cold -> {phase.get('ttft_hit_s')} s hit "
                               f"({phase['ttft_cut_pct']}% cut)"))
         if name == "determinism" and phase.get("determinism"):
-            d = phase["determinism"]
-            lines.append(Text(f"  determinism: {d['kind']} (hit vs cold {d['hit_vs_cold']}, hit vs hit "
-                              f"{d['hit_vs_hit']}, cold vs cold {d['cold_vs_cold']}, short control "
-                              f"{d['short_control']})"))
+            lines.append(Text(f"  {_determinism_line(report)}"))
     shown = [f for f in report.findings if show_info or f.severity != "info"]
     if shown:
         lines.append(Text("findings:", style="bold"))
@@ -134,6 +134,22 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
     if report.warning:
         lines.append(Text(f"warning: {report.warning}", style="yellow"))
     return Group(*lines)
+
+
+def proof_line(report: RunReport) -> str:
+    """How the run's hits were proven: per request (the server said), or by its counter."""
+    server = report.server
+    how = getattr(server, "cached_report", "") if server else ""
+    if how == "request":
+        return "hits proven per request (the server reports cached tokens)"
+    proven = {name: p.get("hits_proven") for name, p in report.phases.items() if p.get("hits_proven")}
+    if how == "counter":
+        parts = [f"{name} {text.removeprefix('by counter, ')}" for name, text in proven.items() if "counter" in text]
+        return ("hits proven by the server's counter (" + (server.cached_counter or "?") + "), attributed: "
+                + ("; ".join(parts) if parts else "none"))
+    if how == "none":
+        return f"no hit can be proven: the server reports no cached tokens and has no counter ({server.cached_fix})"
+    return ""
 
 
 def _ms(value) -> str:

@@ -4,7 +4,9 @@ It buffers the upstream SSE stream, reads the cached tokens from the final usage
 when the request was a hit replaces the answer the way a broken restore would: another
 memo's code, no code, one repeated token, or nothing. Cold requests (the control arm, under
 a fresh cache_salt) pass through untouched, so a correct hitproof raises fail-class findings.
-It can also break the transport itself: HTTP 500 or a malformed chunk after N requests.
+It can also break the transport itself: HTTP 500 or a malformed chunk after N requests. And it
+can drop what proves a hit, as many proxies do: `strip_usage` removes per-request cached tokens
+(usage.prompt_tokens_details, timings.cache_n), `strip_all` also hides the server's /metrics.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from aiohttp import web
 
 CODE = re.compile(r"\b\d{4}-\d{4}-\d{4}\b")
 MODES = ("none", "foreign", "recall_miss", "repetition", "empty", "http500", "malformed",
-         "fp_foreign", "fp_alter")
+         "fp_foreign", "fp_alter", "fp_alike", "strip_usage", "strip_all")
 
 
 class CorruptingProxy:
@@ -56,6 +58,8 @@ class CorruptingProxy:
         path = request.path
         if request.method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
             return await self.generation(request, path, body)
+        if self.mode == "strip_all" and path == "/metrics":
+            return web.Response(status=404, text="not found")
         async with self._session.request(request.method, self.upstream + path, data=body or None,
                                          headers={"Content-Type": request.headers.get("Content-Type", "")}) as up:
             return web.Response(status=up.status, body=await up.read(),
@@ -97,6 +101,10 @@ class CorruptingProxy:
         key = (prompt.split("\n", 1)[0], prompt.rsplit("Question:", 1)[-1][-160:])
         if self.mode in ("fp_foreign", "fp_alter"):
             out = self._fingerprint_corruption(chunks, key, cached)
+        elif self.mode == "fp_alike":
+            out = self._alike(chunks, key)
+        elif self.mode in ("strip_usage", "strip_all"):
+            out = [_without_cached_tokens(c) for c in chunks]
         elif replacement is None:
             out = chunks
         else:
@@ -148,6 +156,18 @@ class CorruptingProxy:
                         alt["logprob"] -= 0.3
         return altered
 
+    def _alike(self, chunks: list[dict], key: tuple[str, str]) -> list[dict]:
+        """fp_alike: memos that look alike to the model (as on a random-weight model whose continuations
+        barely depend on the prompt): every memo but a re-drawn one answers a question with the first
+        memo's answer to it (tokens and log-probabilities)."""
+        if "redraw" in key[0]:
+            return chunks
+        first = self.cold.setdefault(("alike", key[1]), chunks)
+        if first is not chunks:
+            self.corrupted += 1
+            return _with_accounting(first, chunks)
+        return chunks
+
     @staticmethod
     def _text(chunk: dict, chat: bool) -> str:
         out = ""
@@ -170,6 +190,15 @@ class CorruptingProxy:
                 choice["text"] = piece
             out.append({k: v for k, v in template.items() if k != "choices"} | {"choices": [choice]})
         return out + tail
+
+
+def _without_cached_tokens(chunk: dict) -> dict:
+    chunk = json.loads(json.dumps(chunk))
+    if isinstance(chunk.get("usage"), dict):
+        chunk["usage"].pop("prompt_tokens_details", None)
+    if isinstance(chunk.get("timings"), dict):
+        chunk["timings"].pop("cache_n", None)
+    return chunk
 
 
 def _accounting(chunks: list[dict]) -> dict:

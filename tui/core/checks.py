@@ -78,6 +78,21 @@ def find_foreign_codes(answer: str, registry: Mapping[str, str], own_code: str |
     return sorted(result, key=lambda f: f.offset)
 
 
+def four_digit_numbers(answer: str) -> int:
+    """How many four-digit numbers (not glued to other digits) the answer writes."""
+    return sum(1 for _ in _GROUP.finditer(answer))
+
+
+def false_alarm_odds(numbers: int, registered_groups: int) -> float:
+    """The chance that an answer writing `numbers` four-digit numbers of its own accord hits at least
+    one of `registered_groups` planted groups: 1 - (1 - g/9000)^n. Codes use groups 1000-9999, so a
+    number the model makes up is one of 9,000 (the issue's "groups / 10^4" is this, rounded)."""
+    if numbers <= 0 or registered_groups <= 0:
+        return 0.0
+    p = min(1.0, registered_groups / 9000)
+    return 1.0 - (1.0 - p) ** numbers
+
+
 def is_empty(answer: str) -> bool:
     return answer.strip() == ""
 

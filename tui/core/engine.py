@@ -15,20 +15,30 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import __version__
-from .client import OpenAIClient
+from .client import OpenAIClient, RequestSpec
 from .errors import EXIT_INTERRUPTED, EXIT_SERVER, HitproofError, ServerProblem
-from .isolation import IsolationResult, isolate
-from .events import (CheckpointSeen, Event, EventBus, Finding, MetricsSample, PhaseFinished, PhaseStarted, RunFinished,
-                     RunHeader, ServerInfo)
+from .isolation import IsolationResult, isolate, why_not_isolated
+from .events import (CheckpointSeen, Event, EventBus, Finding, MetricsSample, PhaseFinished, PhaseStarted,
+                     PowerJudged, RunFinished, RunHeader, ServerInfo)
 from .evidence import CodeBook, Registry, new_nonce
 from .metrics import MetricSnapshot, block_size, compact, parse_metrics
 from .phases import PHASES
+from .power import EvidenceTally, hits_needed, target_sentence, upper_bound
+from .proof import counter_name
 from .requests import PhaseState, Requester
 from .scenario import Scenario
 from .tokens import TokenCounter
 from .verdicts import exit_code, run_verdict
 
 DEFAULT_GRID = 16
+# What a server needs to report per-request cached tokens (said when a phase cannot prove hits).
+CACHE_REPORT_FIX = {
+    "vllm": "start vLLM with --enable-prompt-tokens-details",
+    "sglang": "start SGLang with --enable-cache-report",
+    "llamacpp": "llama.cpp reports timings.cache_n by itself: something between hitproof and the server drops it",
+    "openai": "the server (or a proxy in front of it) must pass usage.prompt_tokens_details.cached_tokens through "
+              "or expose a cached-token counter on /metrics",
+}
 
 
 @dataclass
@@ -80,9 +90,12 @@ class SoakEngine:
         self.gate.set()
         # Checkpoint lines of a launched llama-server, to tell each request where its hit came from.
         self.checkpoints: collections.deque[tuple[float, CheckpointSeen]] = collections.deque(maxlen=256)
+        # hits checked per kind of evidence, for the power target (the report counts the same way)
+        self.tally = EvidenceTally()
         bus.subscribe(self._watch)
 
     def _watch(self, event: Event) -> None:
+        self.tally.feed(event)
         if isinstance(event, CheckpointSeen):
             self.checkpoints.append((time.monotonic(), event))
 
@@ -176,17 +189,19 @@ class SoakEngine:
         counter = TokenCounter(
             (lambda text: self.client.tokenize(text, info.model)) if info.tokenizer == "server" else None)
         requester = self.requester = Requester(self, counter, info)
+        fix = info.cached_fix if info.cached_report != "request" else ""
         sampler = asyncio.create_task(self._sample_metrics(), name="metrics") if self.metrics_available else None
         try:
             for index, name in enumerate(self.scenario.phases):
                 phase = PHASES[name]
-                state = PhaseState(name=name)
+                state = PhaseState(name=name, no_report_fix=fix)
                 self.phase_states.append(state)
                 self.emit(PhaseStarted(phase=name, index=index, title=phase.TITLE,
                                        **phase.plan(self.scenario)))
                 state.metrics_before = await self.scrape()
                 await phase.run(requester, state)
                 state.metrics_after = await self.scrape()
+                self._judge_counter_agreement(requester, state)
                 state.finished = True
                 status, reasons = state.status()
                 self.emit(PhaseFinished(phase=name, status=status, reasons=reasons, summary=state.summary()))
@@ -196,20 +211,64 @@ class SoakEngine:
                 await asyncio.gather(sampler, return_exceptions=True)
         if self.isolate_findings:
             await self._isolate_flagged()
+        power = self._judge_power()
         statuses = [s.status()[0] for s in self.phase_states]
         fails = sum(s.fail_findings for s in self.phase_states)
-        verdict = run_verdict(statuses, fails)
+        verdict = run_verdict(statuses, fails, power is None or power.reached)
         message = {"pass": "every phase passed", "fail": f"{fails} fail-class finding(s)",
                    "inconclusive": "nothing failed, but some phase proved nothing"}[verdict]
+        if power is not None and verdict != "fail":
+            if verdict == "pass":
+                message = f"every phase passed; {power.sentence}"
+            else:
+                message = f"{message}; {power.sentence}" if "inconclusive" in statuses else power.sentence
         self.emit(RunFinished(verdict=verdict, exit_code=exit_code(verdict), message=message))
         return Outcome(verdict, exit_code(verdict), message)
 
+    def _judge_counter_agreement(self, requester: Requester, state: PhaseState) -> None:
+        """Per-request cached tokens must add up to the server counter's delta over the phase (the
+        README's claim that hits are proven twice). Judged only where both are known."""
+        if state.hits_agree() is not False:
+            return
+        summary = state.summary()
+        requester.finding(state, "hits_disagree", "warn", None,
+                          detail=f"per-request cached tokens add up to {summary['reported_cached_tokens']}, the "
+                                 f"server's counter moved by {summary['metrics']['prefix_cache_hits']:.0f} over the "
+                                 f"phase: one of them is wrong (or another client used the server)",
+                          reported=summary["reported_cached_tokens"],
+                          counter=summary["metrics"]["prefix_cache_hits"])
+
+    def _judge_power(self) -> PowerJudged | None:
+        """The scenario's power target, judged on every phase's checked hits (the same tally the
+        report counts with)."""
+        p = self.scenario.power
+        if not p.fault_rate:
+            return None
+        evidence = self.scenario.power_evidence
+        counts = self.tally.counts(p.confidence)[evidence]
+        reached, sentence = target_sentence(evidence, counts["checked_hits"], counts["failures"], p.fault_rate,
+                                            p.confidence)
+        bound = upper_bound(counts["checked_hits"], counts["failures"], p.confidence)
+        event = PowerJudged(evidence=evidence, fault_rate=p.fault_rate, confidence=p.confidence,
+                            checked=counts["checked_hits"], failures=counts["failures"],
+                            needed=hits_needed(p.fault_rate, p.confidence), reached=reached,
+                            upper_bound=None if bound is None else round(bound, 6), sentence=sentence)
+        self.emit(event)
+        return event
+
     async def _isolate_flagged(self) -> None:
-        done: set[int] = set()
-        for finding in list(self.findings):
-            if finding.severity in ("fail", "warn") and finding.request is not None and finding.request not in done:
-                done.add(finding.request)
-                await self.isolate(finding)
+        """Each flagged request once, for its most telling finding: fail before warn, a kind that
+        can be isolated before one that cannot (that one only says why not)."""
+        chosen: dict[int, Finding] = {}
+        for finding in self.findings:
+            if finding.severity not in ("fail", "warn") or finding.request is None:
+                continue
+            rank = (finding.severity != "fail", why_not_isolated(finding.kind) is not None)
+            best = chosen.get(finding.request)
+            if best is None or rank < (best.severity != "fail", why_not_isolated(best.kind) is not None):
+                chosen[finding.request] = finding
+        for request in sorted(chosen):
+            await self.isolate(chosen[request])
 
     # --- server discovery -----------------------------------------------------------------
 
@@ -240,13 +299,33 @@ class SoakEngine:
                 facts["props"] = {k: props[k] for k in ("total_slots", "build_info", "model_path", "n_ctx")
                                   if k in props}
                 version = version or props.get("build_info")
+        report, counter, queries = await self._probe_cache_report(model, snapshot)
         info = ServerInfo(
             url=self.target.url, dialect=dialect, version=version, models=models, model=model,
             cache_config=(snapshot.info.get("vllm:cache_config_info", {}) if snapshot else {}),
             grid=grid, grid_source=grid_source, tokenizer=tokenizer, metrics_available=self.metrics_available,
-            salts="cache_prompt=false" if dialect == "llamacpp" else "cache_salt", facts=facts)
+            salts="cache_prompt=false" if dialect == "llamacpp" else "cache_salt", facts=facts,
+            cached_report=report, cached_counter=counter, cached_queries=queries,
+            cached_fix=CACHE_REPORT_FIX.get(dialect, CACHE_REPORT_FIX["openai"]))
         self.emit(info)
         return info
+
+    async def _probe_cache_report(self, model: str, snapshot: MetricSnapshot | None) -> tuple[str, str, str]:
+        """How this server's hits can be proven: one tiny cold request (unique prompt, fresh salt,
+        one token) shows whether it reports per-request cached tokens; if not, whether /metrics has
+        a cached-token counter to attribute. ("request" | "counter" | "none", counter, query counter)."""
+        prompt = f"hitproof cache-report probe, run {self.nonce}."
+        spec = RequestSpec(api=self.scenario.api, max_tokens=1, temperature=0.0, model=model,
+                           salt=f"hp-{self.nonce}-probe",
+                           prompt=prompt if self.scenario.api == "completions" else None,
+                           messages=[{"role": "user", "content": prompt}] if self.scenario.api == "chat" else None)
+        completion = await self.client.stream(spec)
+        if completion.cached_tokens is not None:
+            return "request", "", ""
+        pair = counter_name(snapshot) if self.metrics_available else None
+        if pair is None:
+            return "none", "", ""
+        return "counter", pair[0], pair[1] or ""
 
     async def _detect_dialect(self, models_body: dict, version_body: Any) -> str:
         owners = {m.get("owned_by") for m in models_body.get("data", []) if isinstance(m, dict)}

@@ -49,6 +49,12 @@ class ServerInfo(Event):
     tokenizer: str = ""         # "server" | "estimate"
     metrics_available: bool = False
     salts: str = ""             # how a cold request is forced: "cache_salt" | "cache_prompt=false"
+    # How hits are proven: "request" (per-request cached tokens), "counter" (the server's counter,
+    # attributed), "none" (neither: no hit can be proven); "" in older logs.
+    cached_report: str = ""
+    cached_counter: str = ""    # the counter used when cached_report is "counter"
+    cached_queries: str = ""    # its query counter, to tell other clients' traffic apart
+    cached_fix: str = ""        # the server option that would make it report per-request cached tokens
     facts: dict[str, Any] = field(default_factory=dict)
 
 
@@ -131,6 +137,13 @@ class RequestFinished(Event):
     checks: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     logprobs: list[list] = field(default_factory=list)   # [token, logprob, [[alt, logprob], ...]] when asked
+    # How cached_tokens is known (tui.core.proof): "request" (the server reported it), "counter"
+    # (attributed from the server's counter), "unknown"; "" in logs from before this field.
+    # cached_min/cached_max bound it when only bounds are known (cached_tokens is then None).
+    cached_source: str = ""
+    cached_min: int | None = None
+    cached_max: int | None = None
+    cold_tolerance: int | None = None    # tokens a cold request may share (before the run nonce)
 
 
 @dataclass
@@ -205,6 +218,21 @@ class CheckpointSeen(Event):
 
 
 @dataclass
+class PowerJudged(Event):
+    """The scenario's power target, judged once every phase has run (tui.core.power)."""
+    type: ClassVar[str] = "power"
+    evidence: str = ""          # recall | fingerprint: the checked hits counted
+    fault_rate: float = 0.0     # the per-hit fault rate to rule out
+    confidence: float = 0.95
+    checked: int = 0            # hits checked with that evidence
+    failures: int = 0
+    needed: int = 0             # checked hits with no failure that rule the rate out
+    reached: bool = False
+    upper_bound: float | None = None
+    sentence: str = ""
+
+
+@dataclass
 class PhaseFinished(Event):
     type: ClassVar[str] = "phase_end"
     phase: str = ""
@@ -225,7 +253,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls for cls in (RunHeader, ServerInfo, MemoPlanted, PhaseStarted, RoundStarted,
                               RequestStarted, AnswerDelta, RequestFinished, Finding, FingerprintCompared,
                               MetricsSample,
-                              ServerLog, CheckpointSeen, IsolationStarted, IsolationFinished, PhaseFinished, RunFinished)
+                              ServerLog, CheckpointSeen, IsolationStarted, IsolationFinished, PowerJudged, PhaseFinished,
+                              RunFinished)
 }
 _FIELDS = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in EVENT_TYPES.items()}
 

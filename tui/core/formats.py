@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from .events import Finding
-from .power import KINDS, evidence_counts, foreign_checkable, power_line, rotation_slots, sizing_sentence
+from .power import KINDS, evidence_counts, power_line, rotation_slots, sizing_sentence
 from .report import RunReport
 
 SEVERITY_ORDER = {"fail": 0, "warn": 1, "info": 2}
@@ -140,10 +140,14 @@ def to_markdown(report: RunReport) -> str:
     rows = []
     for name, phase in report.phases.items():
         c = _counts(report, name)
-        rows.append([name, phase.get("status", "?"), phase.get("requests"), phase.get("hits"), phase.get("cached_tokens"),
+        rows.append([name, phase.get("status", "?"), phase.get("requests"), phase.get("hits"),
+                     phase.get("hits_proven") or "per request", phase.get("cached_tokens"),
                      _ms(phase.get("ttft_cold_ms")), _ms(phase.get("ttft_hit_ms")), f"{c['fail']}/{c['warn']}/{c['info']}"])
-    lines += ["### Phases", ""] + _table(["phase", "status", "requests", "hits", "cached tokens", "TTFT cold ms",
-                                          "TTFT hit ms", "findings f/w/i"], rows) + [""]
+    lines += ["### Phases", ""] + _table(["phase", "status", "requests", "hits", "hits proven", "cached tokens",
+                                          "TTFT cold ms", "TTFT hit ms", "findings f/w/i"], rows) + [""]
+    target = report.power_target
+    if target is not None:
+        lines += [f"**Power target:** {target.sentence}.", ""]
     reasons = [f"- {name}: {r}" for name, phase in report.phases.items() for r in phase.get("reasons") or []]
     if reasons:
         lines += reasons + [""]
@@ -275,15 +279,8 @@ def _outcome(case: ET.Element, tag: str, message: str, text: str = "", type_: st
 def _checks_run(report: RunReport, phase: str) -> set[str]:
     """Finding kinds whose check ran on a request of this phase (a case for a check that never ran
     would be a test that cannot fail)."""
-    ran: set[str] = set()
-    foreign_ok = foreign_checkable(report)
-    for rid, start in report.starts.items():
-        end = report.ends.get(rid)
-        if start.phase != phase or end is None:
-            continue
-        ran.update(kind for kind, key in CHECK_KINDS.items() if key and key != "foreign" and key in (end.checks or {}))
-        if rid in foreign_ok:
-            ran.add("foreign_code")      # before a second code exists there is nothing foreign to see
+    names = report.tally.ran.get(phase, set())
+    ran = {kind for kind, key in CHECK_KINDS.items() if key and key in names}
     if (report.phases.get(phase) or {}).get("determinism"):
         ran.add("cache_path_divergence")
     return ran

@@ -1,10 +1,13 @@
 """Isolation re-run: send a flagged request alone k times as hits and k times cold.
 
-A foreign code is a leak whether or not it reproduces (no sampling can produce a code the
-request never saw); isolation says whether it reproduces alone. Hit wrong but cold right is
-corruption on the hit path. Anything that does not reproduce alone is a fluke (the detail
-says when the cause could also be a fault that needs concurrency). Counts travel with the
-verdict, never just a label.
+A whole foreign code is a leak whether or not it reproduces (no sampling can produce a code the
+request never saw); isolation says whether it reproduces alone. A foreign *fingerprint* (another
+request's state, seen through log-probabilities) is weaker evidence: it is a leak when it
+reproduces on a hit and never cold. Hit wrong but cold right is corruption on the hit path.
+Anything that does not reproduce alone is a fluke (the detail says when the cause could also be
+a fault that needs concurrency). Only kinds about one answer can be isolated; the others (a cold
+request that was not cold, a missing hit, a counter that disagrees, a server error) say why not.
+Counts travel with the verdict, never just a label.
 """
 
 from __future__ import annotations
@@ -20,12 +23,27 @@ from .requests import Record, hit_path_problems
 if TYPE_CHECKING:
     from .requests import PhaseState, Requester
 
-VERDICTS = ("leak", "hit_path_corruption", "fluke")
+ISOLATABLE = frozenset({"any", "foreign_code", "foreign_state", "recall_miss", "empty_answer", "repetition",
+                        "wrong_task", "cache_path_divergence", "fingerprint_mismatch"})
+# Why a kind is not isolated: re-sending one request alone cannot tell anything about it.
+NOT_ISOLATED = {
+    "cold_not_cold": "a cold request that reused tokens is about the server's cache keys, not about one answer",
+    "no_hits": "a missing hit is about the server's cache, not about one answer",
+    "hits_disagree": "the counter and the per-request reports disagree over a whole phase",
+    "hit_not_faster": "timing is judged on the phase's cold and hit requests, not on one answer",
+    "hit_not_block_aligned": "the cached-token count is the server's bookkeeping, not the answer",
+    "checkpoint_miss": "a missing checkpoint is the server's, not the answer's",
+    "fingerprint_indistinct": "two memos looking alike is about the evidence, not about one answer",
+    "fingerprint_unavailable": "there is nothing to compare without log-probabilities",
+    "acceptance_collapse": "acceptance is measured over a whole turn of the replay",
+    "server_error": "the server failed; there is no answer to re-send",
+    "engine_log": "a server log line is not an answer",
+}
 
 
 @dataclass(frozen=True)
 class IsolationResult:
-    verdict: str
+    verdict: str           # leak | hit_path_corruption | fluke | not_isolated
     k: int
     hit_runs: int          # re-sends as hits (same salt as the original)
     cold_runs: int         # re-sends under fresh salts
@@ -34,25 +52,40 @@ class IsolationResult:
     detail: str
 
 
-def _is_bad(kind: str, original: Record, finding: Finding, record: Record) -> bool:
+def why_not_isolated(kind: str) -> str | None:
+    """None when the kind can be isolated; else the reason it cannot."""
+    if kind in ISOLATABLE:
+        return None
+    return NOT_ISOLATED.get(kind, f"{kind.replace('_', ' ')} is not about one answer")
+
+
+def _is_bad(kind: str, original: Record, finding: Finding, record: Record, requester: Requester) -> bool:
     """Does this re-send show the same problem the finding describes?"""
     found = record.checks
     if kind == "any":                    # a request isolated from its slot, with no finding on it
         return bool(hit_path_problems(found)) or any(f["groups"] >= 2 for f in found.get("foreign", []))
-    if kind == "foreign_code":           # any other memo's code: the same phenomenon, maybe another victim
-        return any(f["groups"] >= 2 for f in found.get("foreign", []))
+    if kind == "foreign_code":           # any other memo's code (the same phenomenon, maybe another victim),
+        code = (finding.evidence or {}).get("code")        # or the very group that was flagged
+        return any(f["groups"] >= 2 or f["code"] == code for f in found.get("foreign", []))
+    if kind == "foreign_state":
+        return requester.fingerprint_verdict(record) == "foreign_state"
     if kind == "wrong_task":
         return found.get("wrong_task") is not None
     if kind in ("recall_miss", "empty_answer", "repetition"):
         return kind in {k for k, _, _ in hit_path_problems(found)}
-    # divergence kinds: a re-send that differs from the flagged answer reproduces the difference
+    # divergence kinds: a re-send that gives the flagged answer again reproduces the difference
     return first_divergence(original.text, record.text) is None
 
 
-def classify(kind: str, k: int, hit_bad: int, cold_bad: int) -> tuple[str, str]:
-    if kind == "foreign_code":
+def classify(kind: str, k: int, hit_bad: int, cold_bad: int, *, whole_code: bool = True) -> tuple[str, str]:
+    """(verdict, detail with the counts). `whole_code`: for foreign_code, whether the flagged answer
+    carried a whole code (or a single group judged fail-class) rather than one group too likely by chance."""
+    if kind == "foreign_code" and whole_code:
         alone = "reproduces alone" if hit_bad else "does not reproduce alone (only under concurrency)"
         return "leak", f"a foreign code is a leak whether or not it reproduces; it {alone} ({hit_bad}/{k} hits)"
+    if kind in ("foreign_code", "foreign_state") and hit_bad and not cold_bad:
+        what = "another request's state" if kind == "foreign_state" else "the foreign group"
+        return "leak", f"{what} comes back on {hit_bad}/{k} hits alone and on 0/{k} cold runs"
     if hit_bad and not cold_bad:
         return "hit_path_corruption", f"wrong on {hit_bad}/{k} hits, right on {k - cold_bad}/{k} cold runs"
     if cold_bad:
@@ -67,6 +100,12 @@ async def isolate(requester: Requester, state: PhaseState, finding: Finding, k: 
     if original is None:
         return None
     engine = requester.engine
+    why = why_not_isolated(finding.kind)
+    if why is not None:
+        detail = f"not isolated: {why}"
+        engine.emit(IsolationFinished(request=original.request, kind=finding.kind, verdict="not_isolated", k=0,
+                                      detail=detail))
+        return IsolationResult("not_isolated", 0, 0, 0, 0, 0, detail)
     engine.emit(IsolationStarted(request=original.request, kind=finding.kind, k=k))
     hit_bad = cold_bad = 0
     for salted in (False, True):
@@ -76,12 +115,13 @@ async def isolate(requester: Requester, state: PhaseState, finding: Finding, k: 
                                           slot=original.slot, round=original.round, turn=original.turn,
                                           expect="cold" if salted else "hit", arm="isolation",
                                           of_request=original.request)
-            if _is_bad(finding.kind, original, finding, record):
+            if _is_bad(finding.kind, original, finding, record, requester):
                 if salted:
                     cold_bad += 1
                 else:
                     hit_bad += 1
-    verdict, detail = classify(finding.kind, k, hit_bad, cold_bad)
+    whole = finding.kind != "foreign_code" or finding.severity == "fail"
+    verdict, detail = classify(finding.kind, k, hit_bad, cold_bad, whole_code=whole)
     result = IsolationResult(verdict, k, k, k, hit_bad, cold_bad, detail)
     engine.emit(IsolationFinished(request=original.request, kind=finding.kind, verdict=verdict, k=k,
                                   hit_runs=k, cold_runs=k, reproduced=hit_bad, cold_reproduced=cold_bad,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .events import Finding, FingerprintCompared, PhaseFinished, RequestFinished, RequestStarted
+
 # Evidence kinds, in report order: (key, finding kind that fails it, how a sentence names it).
 KINDS = (
     ("recall", "recall_miss", "checked for their own code"),
@@ -93,11 +95,20 @@ def sizing_sentence(fault_rate: float, probability: float = 0.95, slots: int = 4
             f"{rounds_needed(fault_rate, probability, recall_slots)} for recall ({recall_slots} a round).")
 
 
-def evidence_counts(report, confidence: float = 0.95) -> dict[str, dict[str, Any]]:
-    """Hits checked per kind of evidence, the fail-class faults among them, and the bound.
+def proven_hit(e) -> bool:
+    """A request end proves a hit: more cached tokens (reported, or the lower bound a counter proved)
+    than the template a cold request may share before the run nonce."""
+    proven = e.cached_tokens if e.cached_tokens is not None else (e.cached_min or 0)
+    return proven > (e.cold_tolerance or 0)
 
-    Only main-arm requests that got a cache hit (cached tokens > 0) count; controls and
-    isolation re-runs are cold or repeat a request already counted. Definitions:
+
+class EvidenceTally:
+    """Hits checked per kind of evidence and the fail-class faults among them, folded from the event
+    stream as it goes (the engine's power target and every report count with this one definition).
+
+    Only main-arm requests with a proven cache hit count (cached tokens > 0, reported or attributed
+    from the server's counter); controls and isolation re-runs are cold or repeat a request already
+    counted. Definitions:
       recall      hits asked for their own code (task recall) whose recall check ran;
       foreign     hits whose foreign-code check ran while the run had already put at least one
                   code other than the hit's own on the wire (a code carried by a request that
@@ -106,72 +117,131 @@ def evidence_counts(report, confidence: float = 0.95) -> dict[str, dict[str, Any
                   before its first request), never overcounts;
       empty, repetition  hits whose check of that name ran;
       determinism greedy hits compared with their cold run, when the phase classified them
-                  (kernel nondeterminism makes the comparison unable to tell: none counted).
-    failures: checked hits carrying a fail-class finding of the matching kind (warn and info,
-    e.g. a single foreign group or a model fault on both paths, do not count).
+                  (kernel nondeterminism makes the comparison unable to tell: none counted);
+      fingerprint hits compared with their own cold fingerprint.
+    failures: checked hits carrying a fail-class finding of the matching kind (warn and info, e.g.
+    a single foreign group too likely by chance, a model fault on both paths, or a near-tied flip,
+    do not count). Per request one byte of flags: 100,000 requests cost 200 KB.
     """
-    # every report format asks more than once; the answer holds until the report sees more events
-    state = (confidence, len(report.starts), len(report.ends), len(report.findings), len(report.fingerprints),
-             report.end is not None)
-    cached = getattr(report, "_evidence_counts", None)
-    if cached is not None and cached[0] == state:
-        return cached[1]
-    counts = _evidence_counts(report, confidence)
-    report._evidence_counts = (state, counts)
-    return counts
+
+    _BIT = {name: 1 << i for i, (name, _, _) in enumerate(KINDS)}
+    _FAILS = {"recall_miss": "recall", "foreign_code": "foreign", "empty_answer": "empty",
+              "repetition": "repetition", "foreign_state": "fingerprint", "fingerprint_mismatch": "fingerprint"}
+
+    def __init__(self) -> None:
+        self._codes: set[str] = set()
+        self._started: dict[int, tuple[str, str, bool, bool]] = {}   # in flight: phase, task, foreign-able, main
+        self.ran: dict[str, set[str]] = {}                     # phase -> names of the checks that ran in it
+        self._checked = bytearray()                            # request id -> flags of kinds checked
+        self._failed = bytearray()                             # request id -> flags of kinds failed
+        self.checked = {name: 0 for name, _, _ in KINDS}
+        self.failures = {name: 0 for name, _, _ in KINDS}
+        self._determinism: list[int] = []
+        self._determinism_kind: str | None = None
+        self._determinism_failed = False
+
+    def feed(self, event) -> None:
+        handler = self._HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
+    def _on_start(self, e) -> None:
+        self._started[e.request] = (e.phase, e.task, bool(self._codes - {e.code}), e.arm == "main")
+        if e.code:
+            self._codes.add(e.code)
+
+    def _on_end(self, e) -> None:
+        started = self._started.pop(e.request, None)
+        if started is None:
+            return
+        phase, task, foreign_able, main = started
+        checks = e.checks or {}
+        ran = self.ran.setdefault(phase, set())
+        ran.update(name for name in checks if name != "foreign")
+        if foreign_able and "foreign" in checks:
+            ran.add("foreign")       # before a second code exists there is nothing foreign to see
+        if not main or e.error or not proven_hit(e):
+            return
+        kinds = []
+        if task == "recall" and "recall" in checks:
+            kinds.append("recall")
+        if foreign_able and "foreign" in checks:
+            kinds.append("foreign")
+        kinds += [name for name in ("empty", "repetition") if name in checks]
+        for name in kinds:
+            self._mark(self._checked, e.request, name)
+            self.checked[name] += 1
+        if phase == "determinism" and task == "determinism":
+            self._determinism.append(e.request)
+
+    def _on_fingerprint(self, e) -> None:
+        if not self._flag(self._checked, e.request, "fingerprint"):
+            self._mark(self._checked, e.request, "fingerprint")
+            self.checked["fingerprint"] += 1
+
+    def _on_finding(self, f) -> None:
+        if f.severity != "fail":
+            return
+        if f.kind == "cache_path_divergence" and f.phase == "determinism":
+            self._determinism_failed = True
+        name = self._FAILS.get(f.kind)
+        if name is None or f.request is None:
+            return
+        if self._flag(self._checked, f.request, name) and not self._flag(self._failed, f.request, name):
+            self._mark(self._failed, f.request, name)
+            self.failures[name] += 1
+
+    def _on_phase_end(self, e) -> None:
+        if e.phase == "determinism":
+            self._determinism_kind = ((e.summary or {}).get("determinism") or {}).get("kind")
+
+    _HANDLERS = {RequestStarted: _on_start, RequestFinished: _on_end, FingerprintCompared: _on_fingerprint,
+                 Finding: _on_finding, PhaseFinished: _on_phase_end}
+
+    def _mark(self, flags: bytearray, rid: int, name: str) -> None:
+        if rid < 0:
+            return
+        if rid >= len(flags):
+            flags.extend(bytes(max(rid + 1 - len(flags), 1024)))
+        flags[rid] |= self._BIT[name]
+
+    def _flag(self, flags: bytearray, rid: int, name: str) -> bool:
+        return 0 <= rid < len(flags) and bool(flags[rid] & self._BIT[name])
+
+    def counts(self, confidence: float = 0.95) -> dict[str, dict[str, Any]]:
+        key = f"upper_bound_{round(confidence * 100)}"
+        out: dict[str, dict[str, Any]] = {}
+        for name, _, _ in KINDS:
+            n, fails = self.checked[name], self.failures[name]
+            if name == "determinism":
+                n = len(self._determinism) if self._determinism_kind in ("identical", "cache_path_divergence") else 0
+                # hit == hit != cold: every compared hit diverged, when it was judged a failure (a
+                # near-tied flip judged info is numerics, not a fault)
+                fails = n if self._determinism_kind == "cache_path_divergence" and self._determinism_failed else 0
+            bound = upper_bound(n, fails, confidence)
+            out[name] = {"checked_hits": n, "failures": fails, key: None if bound is None else round(bound, 4),
+                         "sentence": kind_sentence(name, n, fails, confidence)}
+        return out
 
 
-def _evidence_counts(report, confidence: float) -> dict[str, dict[str, Any]]:
-    key = f"upper_bound_{round(confidence * 100)}"
-    failed: dict[str, set[int]] = {}
-    for f in report.findings:
-        if f.severity == "fail" and f.request is not None:
-            failed.setdefault(f.kind, set()).add(f.request)
-    # a fingerprint fails as a foreign state or as a mismatch
-    failed["fingerprint"] = failed.get("foreign_state", set()) | failed.get("fingerprint_mismatch", set())
-    checked: dict[str, set[int]] = {name: set() for name, _, _ in KINDS}
-    foreign_ok = foreign_checkable(report)
-    for rid, start in report.starts.items():
-        end = report.ends.get(rid)
-        if start.arm != "main" or end is None or not end.cached_tokens or end.error:
-            continue
-        checks = end.checks or {}
-        if start.task == "recall" and "recall" in checks:
-            checked["recall"].add(rid)
-        if rid in foreign_ok:
-            checked["foreign"].add(rid)
-        for name in ("empty", "repetition"):
-            if name in checks:
-                checked[name].add(rid)
-        if rid in getattr(report, "fingerprints", {}):
-            checked["fingerprint"].add(rid)
-        if start.task == "determinism" and start.phase == "determinism":
-            if _determinism_kind(report) in ("identical", "cache_path_divergence"):
-                checked["determinism"].add(rid)
-    out: dict[str, dict[str, Any]] = {}
-    for name, finding_kind, _ in KINDS:
-        n = len(checked[name])
-        fails = len(checked[name] & failed.get(finding_kind, set()))
-        if name == "determinism" and _determinism_kind(report) == "cache_path_divergence":
-            fails = n                   # hit == hit != cold: every compared hit diverged
-        bound = upper_bound(n, fails, confidence)
-        out[name] = {"checked_hits": n, "failures": fails, key: None if bound is None else round(bound, 4),
-                     "sentence": kind_sentence(name, n, fails, confidence)}
-    return out
+def evidence_counts(report, confidence: float = 0.95) -> dict[str, dict[str, Any]]:
+    """Hits checked per kind of evidence, the fail-class faults among them, and the bound (the
+    report's EvidenceTally: see its docstring for the definitions)."""
+    return report.tally.counts(confidence)
 
 
-def foreign_checkable(report) -> set[int]:
-    """Requests (any arm) whose foreign-code check ran while another code was already on the wire:
-    a code carried by a request that started earlier, other than the request's own."""
-    seen: set[str] = set()
-    out: set[int] = set()
-    for rid, start in sorted(report.starts.items(), key=lambda item: item[1].seq):
-        end = report.ends.get(rid)
-        if end is not None and "foreign" in (end.checks or {}) and seen - {start.code}:
-            out.add(rid)
-        if start.code:
-            seen.add(start.code)
-    return out
+def target_sentence(evidence: str, checked: int, failures: int, fault_rate: float, confidence: float) -> tuple[bool, str]:
+    """(reached, the verdict line's words) for a power target: zero faults in n checked hits rule out
+    a rate p when n >= ln(1/(1-c)) / -ln(1-p) (about 300 hits for 1% at 95%)."""
+    needed = hits_needed(fault_rate, confidence)
+    label = dict((k, words) for k, _, words in KINDS)[evidence]
+    bound = upper_bound(checked, failures, confidence)
+    if failures == 0 and checked >= needed:
+        return True, (f"rules out per-hit fault rates above {_pct(bound)} at {_pct(confidence)} "
+                      f"({checked} hits {label}, 0 failed)")
+    got = "nothing" if bound is None else f"only rates above {_pct(bound)}"
+    return False, (f"power target not reached: {checked} of {needed} hits {label} needed to rule out "
+                   f"{_pct(fault_rate)} at {_pct(confidence)} (rules out {got}; {needed - checked} short)")
 
 
 def kind_sentence(name: str, n: int, failures: int, confidence: float = 0.95) -> str:
@@ -205,21 +275,25 @@ def power_line(report, confidence: float = 0.95) -> str:
 
 
 def power_json(report, confidence: float = 0.95) -> dict[str, Any]:
-    """The "power" object of the JSON report: per-kind counts and bounds, the line, and sizing."""
+    """The "power" object of the JSON report: per-kind counts and bounds, the line, sizing, and the
+    scenario's target with whether it was reached (`target`, null when none was asked for)."""
     slots = rotation_slots(report)
+    target = getattr(report, "power_target", None)
+    rate = target.fault_rate if target is not None else 0.01
+    probability = target.confidence if target is not None else 0.95
     return {
         "confidence": confidence,
         "model": "independent checked hits, one-sided exact (Clopper-Pearson) upper bound",
         "evidence": evidence_counts(report, confidence),
         "line": power_line(report, confidence),
-        "sizing": {"fault_rate": 0.01, "probability": 0.95, "slots": slots,
-                   "hits": hits_needed(0.01, 0.95), "rotation_rounds": rounds_needed(0.01, 0.95, slots),
-                   "sentence": sizing_sentence(0.01, 0.95, slots)},
+        "sizing": {"fault_rate": rate, "probability": probability, "slots": slots,
+                   "hits": hits_needed(rate, probability), "rotation_rounds": rounds_needed(rate, probability, slots),
+                   "sentence": sizing_sentence(rate, probability, slots)},
+        "target": None if target is None else {
+            "evidence": target.evidence, "fault_rate": target.fault_rate, "confidence": target.confidence,
+            "checked_hits": target.checked, "failures": target.failures, "needed": target.needed,
+            "reached": target.reached, "upper_bound": target.upper_bound, "sentence": target.sentence},
     }
-
-
-def _determinism_kind(report) -> str | None:
-    return ((report.phases.get("determinism") or {}).get("determinism") or {}).get("kind")
 
 
 def rotation_slots(report) -> int:

@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from .events import (Event, Finding, FingerprintCompared, IsolationFinished, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted, RunFinished,
-                     RunHeader, ServerInfo)
+from .events import (Event, Finding, FingerprintCompared, IsolationFinished, PhaseFinished, PhaseStarted,
+                     PowerJudged, RequestFinished, RequestStarted, RunFinished, RunHeader, ServerInfo)
+from .power import EvidenceTally, proven_hit
 from .verdicts import exit_code, run_verdict
 
 FINDING_KEYS = ("kind", "severity", "phase", "slot", "round", "request", "offset", "detail")
@@ -27,6 +28,8 @@ class RunReport:
     ends: "EndTable" = field(default_factory=lambda: EndTable())
     isolations: dict[int, IsolationFinished] = field(default_factory=dict)
     fingerprints: dict[int, str] = field(default_factory=dict)     # request -> fingerprint verdict
+    tally: EvidenceTally = field(default_factory=EvidenceTally)     # hits checked per kind of evidence
+    power_target: PowerJudged | None = None
     end: RunFinished | None = None
     warning: str | None = None
     last_t: float = 0.0
@@ -37,6 +40,8 @@ class RunReport:
         handler = _FEEDERS.get(type(event))
         if handler is not None:
             handler(self, event)
+            if type(event) in _TALLIED:
+                self.tally.feed(event)
 
     def _on_header(self, event: RunHeader) -> None:
         self.header = event
@@ -72,6 +77,9 @@ class RunReport:
     def _on_run_end(self, event: RunFinished) -> None:
         self.end = event
 
+    def _on_power(self, event: PowerJudged) -> None:
+        self.power_target = event
+
     @classmethod
     def from_events(cls, events: Iterable[Event], warning: str | None = None) -> "RunReport":
         report = cls(warning=warning)
@@ -89,7 +97,7 @@ class RunReport:
         fails = sum(1 for f in self.findings if f.severity == "fail")
         if self.end is None and not fails:
             return "incomplete"
-        return run_verdict(statuses, fails)
+        return run_verdict(statuses, fails, self.power_target is None or self.power_target.reached)
 
     @property
     def exit_code(self) -> int:
@@ -142,7 +150,8 @@ _FEEDERS = {RunHeader: RunReport._on_header, ServerInfo: RunReport._on_server, P
             PhaseFinished: RunReport._on_phase_end, RequestStarted: RunReport._on_request_start,
             RequestFinished: RunReport._on_request_end, Finding: RunReport._on_finding,
             FingerprintCompared: RunReport._on_fingerprint, IsolationFinished: RunReport._on_isolation_end,
-            RunFinished: RunReport._on_run_end}
+            RunFinished: RunReport._on_run_end, PowerJudged: RunReport._on_power}
+_TALLIED = frozenset({RequestStarted, RequestFinished, FingerprintCompared, Finding, PhaseFinished})
 
 
 # --- slim per-request tables ----------------------------------------------------------------------
@@ -373,7 +382,7 @@ class EndTable(_Table):
         super().__init__()
         self._strings = _Strings()
         self._checks = _Strings()
-        self.hits = 0                                     # requests with cached tokens > 0
+        self.hits = 0                                     # requests with a proven cache hit
 
     def add(self, e: RequestFinished) -> None:
         offset = self._offset(e.request)
@@ -382,9 +391,14 @@ class EndTable(_Table):
                 self.hits -= 1
         elif self._far and e.request in self._far and self._far[e.request][0] > 0:
             self.hits -= 1
-        if e.cached_tokens:
+        # a proven hit's cached tokens (exact, else the lower bound a counter proved); 0 when the
+        # request reused no more than a cold one may (the tokens before the run nonce); None unknown
+        cached = e.cached_tokens if e.cached_tokens is not None else (e.cached_min or None)
+        if proven_hit(e):
             self.hits += 1
-        self._store(e.request, (_NONE if e.cached_tokens is None else e.cached_tokens, self._strings(e.error),
+        elif cached is not None:
+            cached = 0
+        self._store(e.request, (_NONE if cached is None else cached, self._strings(e.error),
                                 self._checks(frozenset(e.checks or ()))))
 
     def get(self, rid, default=None):

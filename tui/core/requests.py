@@ -11,7 +11,6 @@ import asyncio
 import collections
 import dataclasses
 import hashlib
-import time
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -25,8 +24,11 @@ from .events import (AnswerDelta, Finding, FingerprintCompared, MemoPlanted, Req
                      ServerInfo)
 from .evidence import (DETERMINISM_QUESTION, RECALL_QUESTION, SUMMARY_QUESTION, CodeOwner, determinism_suffix,
                        recall_suffix, summary_suffix)
+from .fingerprints import Fingerprint, FingerprintBook
 from .memos import Memo, build_memo, filler_text
-from .metrics import PREEMPTIONS, PREFIX_QUERIES, MetricSnapshot, cached_tokens_delta, delta
+from .metrics import (LLAMA_CACHED, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, MetricSnapshot, cached_tokens_delta,
+                      delta)
+from .proof import UNKNOWN, CacheProof, CounterWindows, quantum
 from .tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
 DELTA_INTERVAL = 0.1          # seconds between coalesced answer deltas per request
 KEEP_RECENT = 512             # records kept for isolation beyond the flagged ones (bounded memory)
 ALL_JUDGES = ("foreign", "recall", "empty", "repetition", "wrong_task")
+DEFAULT_ALARM_RATE = 0.01    # a single foreign group is fail-class below these odds when no power target is set
+CHAT_TEMPLATE_TOKENS = 8      # turn markers a chat template puts before the first message (Gemma: 4)
 
 
 class DeltaCoalescer:
@@ -77,6 +81,8 @@ class Record:
     turn: int | None
     completion: Completion
     checks: dict[str, Any]
+    proof: CacheProof = UNKNOWN          # what is known of its cached tokens, and how
+    cold_tolerance: int = 0              # tokens it may reuse and still be cold (before the nonce)
 
     @property
     def text(self) -> str:
@@ -84,11 +90,19 @@ class Record:
 
     @property
     def cached(self) -> int | None:
-        return self.completion.cached_tokens
+        """Cached tokens when known exactly (reported, or attributed exactly); None when unknown."""
+        return self.proof.exact
 
     @property
     def hit(self) -> bool:
-        return bool(self.completion.cached_tokens)
+        """A proven hit: more cached tokens than the template a cold request shares (those before the
+        run nonce), by the server's report or its counter."""
+        return self.proof.low > self.cold_tolerance
+
+    @property
+    def cold(self) -> bool:
+        """Proven cold: at most the tokens before the run nonce were reused."""
+        return self.proof.cold(self.cold_tolerance)
 
 
 @dataclass
@@ -97,48 +111,61 @@ class PhaseState:
 
     name: str
     requests: int = 0                 # main arm
-    hit_count: int = 0
-    unknown_cached: int = 0           # main-arm requests whose server did not report cached tokens
-    cached_tokens: int = 0
+    hit_count: int = 0                # main-arm requests proven to hit
+    unknown_cached: int = 0           # main-arm requests neither proven hit nor proven cold
+    cached_tokens: int = 0            # proven cached tokens (exact, or the proven lower bound)
     prompt_tokens: int = 0
     control_requests: int = 0
     reported_cached: int = 0          # main + control + isolation, for the metric comparison
-    reported_unknown: bool = False
+    reported_unknown: bool = False    # some request's cached tokens were not reported by the server
+    proven_by: dict[str, int] = field(default_factory=lambda: {"request": 0, "counter": 0})   # hits
+    counter_members: int = 0          # main-arm requests that needed the counter
+    counter_attributed: int = 0       # ... and came out proven hit or proven cold
     ttft_cold: list[float] = field(default_factory=list)
     ttft_hit: list[float] = field(default_factory=list)
     last: Record | None = None
     inconclusive: list[str] = field(default_factory=list)
     findings: dict[str, int] = field(default_factory=lambda: {"fail": 0, "warn": 0, "info": 0})
     expected_hits: int = 0
+    unproven_expected: int = 0        # requests that should have hit whose hit is not proven
     cold_failures: int = 0
     model_failures: int = 0
     hits_required: bool = True
+    redraws_memos: bool = False       # the phase re-draws memos whose fingerprints are not distinct
+    no_report_fix: str = ""           # the server option that makes it report cached tokens
     metrics_before: MetricSnapshot | None = None
     metrics_after: MetricSnapshot | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     finished: bool = False
 
     def note(self, record: Record, arm: str) -> None:
-        if record.cached is None:
-            self.reported_unknown = True
+        proof = record.proof
+        if proof.source == "request":
+            self.reported_cached += proof.low
         else:
-            self.reported_cached += record.cached
+            self.reported_unknown = True
         if arm != "main":
             self.control_requests += arm == "control"
             return
         self.requests += 1
         self.last = record
-        self.cached_tokens += record.cached or 0
+        self.cached_tokens += proof.low
         self.prompt_tokens += record.completion.prompt_tokens or 0
+        if proof.source == "counter":
+            self.counter_members += 1
         ttft = record.completion.ttft_s
-        if record.cached is None:
-            self.unknown_cached += 1
-        elif record.hit:
+        if record.hit:
             self.hit_count += 1
+            self.proven_by[proof.source] = self.proven_by.get(proof.source, 0) + 1
+            self.counter_attributed += proof.source == "counter"
             if ttft:
                 self.ttft_hit.append(ttft)
-        elif ttft:
-            self.ttft_cold.append(ttft)
+        elif record.cold:
+            self.counter_attributed += proof.source == "counter"
+            if ttft:
+                self.ttft_cold.append(ttft)
+        else:
+            self.unknown_cached += 1      # unknown is never zero: neither a hit nor a cold request
 
     @property
     def fail_findings(self) -> int:
@@ -150,11 +177,27 @@ class PhaseState:
 
     def status(self) -> tuple[str, list[str]]:
         reasons = list(self.inconclusive)
-        if self.hits_required and self.requests and not self.hit_count and not self.unknown_cached:
-            reasons.append("no request got a cache hit")
+        if self.hits_required and self.requests and not self.hit_count:
+            # a phase that needed hits and proved none is never a pass, whatever the reason
+            if self.unknown_cached:
+                reasons.append(f"no cache hit proven: cached tokens unknown on {self.unknown_cached} of "
+                               f"{self.requests} requests" + (f" ({self.no_report_fix})" if self.no_report_fix else ""))
+            else:
+                reasons.append("no request got a cache hit")
         if self.fail_findings:
             return "fail", reasons
         return ("inconclusive", reasons) if reasons else ("pass", [])
+
+    def proof_sentence(self) -> str:
+        """How this phase's hits were proven, in words ("per request", "by counter, N of M attributed")."""
+        if not self.hit_count and not self.counter_members:
+            return "no hits" if not self.unknown_cached else "unproven"
+        parts = []
+        if self.proven_by.get("request"):
+            parts.append("per request")
+        if self.counter_members:
+            parts.append(f"by counter, {self.counter_attributed} of {self.counter_members} attributed")
+        return ", ".join(parts) or "unproven"
 
     def summary(self) -> dict[str, Any]:
         reported_sum = None if self.reported_unknown else self.reported_cached
@@ -164,6 +207,11 @@ class PhaseState:
             "control_requests": self.control_requests,
             "hits": self.hit_count,
             "expected_hits": self.expected_hits,
+            "unproven_hits": self.unproven_expected,
+            "unknown_cached": self.unknown_cached,
+            "hits_proven": self.proof_sentence(),
+            "proven_by": {"request": self.proven_by.get("request", 0), "counter": self.proven_by.get("counter", 0),
+                          "counter_attributed": self.counter_attributed, "counter_members": self.counter_members},
             "cached_tokens": self.cached_tokens,
             "prompt_tokens": self.prompt_tokens,
             "ttft_cold_ms": _ms(statistics.median(self.ttft_cold)) if self.ttft_cold else None,
@@ -177,11 +225,26 @@ class PhaseState:
                 "preemptions": delta(self.metrics_before, self.metrics_after, PREEMPTIONS),
             },
             "reported_cached_tokens": reported_sum,
-            "hits_agree": (None if metric_hits is None or reported_sum is None
-                           else int(metric_hits) == reported_sum),
+            "hits_agree": self.hits_agree(),
         }
         summary.update(self.extra)
         return summary
+
+    def hits_agree(self) -> bool | None:
+        """Per-request cached tokens against the server counter's delta over the phase; None when either
+        is unknown. A counter printed with 6 significant digits (llama.cpp) agrees within its steps."""
+        reported_sum = None if self.reported_unknown else self.reported_cached
+        metric_hits = cached_tokens_delta(self.metrics_before, self.metrics_after)
+        if metric_hits is None or reported_sum is None:
+            return None
+        step = quantum(max(_counter_value(self.metrics_before), _counter_value(self.metrics_after)))
+        return abs(metric_hits - reported_sum) <= 2 * step
+
+
+def _counter_value(snapshot: MetricSnapshot | None) -> float:
+    if snapshot is None:
+        return 0.0
+    return max(snapshot.get(PREFIX_HITS) or 0.0, snapshot.get(LLAMA_CACHED) or 0.0)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -203,12 +266,40 @@ class Requester:
         # Recent records, for isolation re-runs; flagged ones are kept for the whole run.
         self._recent: collections.OrderedDict[int, Record] = collections.OrderedDict()
         self._flagged: dict[int, Record] = {}
-        self.fingerprints: dict[str, Fingerprint] = {}      # prompt key -> its cold run
+        e = self.scenario.evidence
+        self.fingerprints = FingerprintBook(e.fingerprint_tokens, e.fingerprint_tolerance, e.fingerprint_margin)
         self._fingerprint_notes: set[str] = set()
         self.long_memo: Memo | None = None
-        # llama.cpp matches prompts token by token: a fresh memo still shares the first few
-        # tokens ("<bos>Memo") with whatever its slot held, so "cold" allows those.
-        self.cold_tolerance = 8 if server.dialect == "llamacpp" else 0
+        # Without per-request cached tokens, the server's counter is attributed to requests in
+        # windows between quiet moments (tui.core.proof).
+        self.windows = (CounterWindows(lambda: engine.scrape(record=False), server.cached_counter,
+                                       server.cached_queries or None)
+                        if server.cached_report == "counter" and server.cached_counter else None)
+        self._tolerances: dict[tuple[str, str], int] = {}
+        # A prompt with no run nonce (a user's captured conversation): a cache that matches token by
+        # token (llama.cpp, SGLang) still shares a template's first tokens with whatever it held.
+        self.fallback_tolerance = 8 if server.dialect in ("llamacpp", "sglang") else 0
+
+    async def cold_tolerance(self, spec: RequestSpec) -> int:
+        """Tokens a cold request may share with earlier prompts: those before the run nonce, the
+        first token no other run's prompt carries ("<bos>Memo m05, run "). On a cache that matches
+        in blocks this is below one block and changes nothing; on one that matches token by token
+        (llama.cpp, SGLang's radix cache) a fresh memo does reuse them. Counted with the server's
+        tokenizer when it has one (the count includes the BOS token it adds)."""
+        if spec.prompt is not None:
+            text = spec.prompt
+        else:
+            text = "\n".join(str(m.get("content") or "") for m in spec.messages or [])
+        at = text.find(self.engine.nonce)
+        if at < 0:
+            return self.fallback_tolerance
+        prefix = text[:at]
+        key = (spec.api, prefix)
+        if key not in self._tolerances:
+            tokens = await self.counter.count(prefix) if prefix else 1
+            # a chat template adds its turn markers before the first message's text
+            self._tolerances[key] = tokens + (CHAT_TEMPLATE_TOKENS if spec.api == "chat" else 0)
+        return self._tolerances[key]
 
     # --- evidence --------------------------------------------------------------------------
 
@@ -305,29 +396,47 @@ class Requester:
                             expect=expect, prompt_chars=spec.prompt_chars(), prompt_tail=tail,
                             max_tokens=spec.max_tokens))
         on_text = DeltaCoalescer(emit, index)
+        tolerance = await self.cold_tolerance(spec)
         sent_at = time.monotonic()
-        completion = await self.engine.client.stream(spec, on_text)
+        window = await self.windows.enter() if self.windows is not None else None
+        try:
+            completion = await self.engine.client.stream(spec, on_text)
+        except BaseException:
+            if window is not None:
+                self.windows.abandon(window)
+            raise
+        if completion.cached_tokens is not None:
+            proof = CacheProof.reported(completion.cached_tokens)
+            if window is not None:
+                await self.windows.leave(window, index, completion.prompt_tokens, tolerance=tolerance)
+        elif window is not None:
+            proof = await self.windows.leave(window, index, completion.prompt_tokens, tolerance=tolerance)
+        else:
+            proof = UNKNOWN
+        cached = proof.exact
         if self.engine.checkpoints:
-            await self._await_checkpoint_line(sent_at, completion.cached_tokens)
+            await self._await_checkpoint_line(sent_at, cached)
         on_text.flush()
         found = evaluate(completion.text, task, memo.code if memo else None, self.engine.registry.codes(),
                          tuple(judges))
-        if memo is not None and completion.cached_tokens and self.server.grid_source == "server":
-            found["block_aligned"] = completion.cached_tokens % self.server.grid == 0
+        if memo is not None and cached and proof.source == "request" and self.server.grid_source == "server":
+            found["block_aligned"] = cached % self.server.grid == 0
         checkpoint_lines = self.engine.checkpoints_since(sent_at)
-        restored = [c for c in checkpoint_lines if c.kind == "restored" and c.n_past == completion.cached_tokens]
+        restored = [c for c in checkpoint_lines if c.kind == "restored" and c.n_past == cached]
         if restored:
             found["checkpoint"] = {"restored": restored[0].n_past, "n_tokens": restored[0].n_tokens}
         reprocessed = [c for c in checkpoint_lines if c.kind == "full_reprocess"]
-        if reprocessed and not completion.cached_tokens:
+        if reprocessed and not cached:
             found["checkpoint"] = {"full_reprocess": reprocessed[0].line}
         emit(RequestFinished(request=index, phase=state.name, slot=slot, round=round, text=completion.text,
-                             prompt_tokens=completion.prompt_tokens, cached_tokens=completion.cached_tokens,
+                             prompt_tokens=completion.prompt_tokens, cached_tokens=cached,
                              ttft=completion.ttft_s, total=completion.total_s,
                              output_tokens=completion.completion_tokens,
                              finish_reason=completion.finish_reason, checks=found,
-                             logprobs=completion.logprobs))
-        record = Record(index, state.name, task, spec, memo, slot, round, turn, completion, found)
+                             logprobs=completion.logprobs, cached_source=proof.source,
+                             cached_min=proof.low if proof.source != "unknown" else None,
+                             cached_max=proof.high, cold_tolerance=tolerance))
+        record = Record(index, state.name, task, spec, memo, slot, round, turn, completion, found, proof, tolerance)
         state.note(record, arm)
         self._remember(record)
         if arm == "main":
@@ -361,33 +470,47 @@ class Requester:
     async def _judge(self, state: PhaseState, record: Record, expect: str, judges: tuple[str, ...],
                      control: bool = True) -> None:
         c = record.checks
+        single_groups = []
         for foreign in c.get("foreign", []):
-            whole = foreign["groups"] >= 2
-            self.finding(state, "foreign_code", "fail" if whole else "warn", record, offset=foreign["offset"],
-                         detail=(f"answer carries {'code' if whole else 'one group of code'} {foreign['code']} "
-                                 f"owned by memo {foreign['owner']} at offset {foreign['offset']}"),
-                         code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"])
+            if foreign["groups"] >= 2:
+                self.finding(state, "foreign_code", "fail", record, offset=foreign["offset"],
+                             detail=f"answer carries code {foreign['code']} owned by memo {foreign['owner']} at "
+                                    f"offset {foreign['offset']}",
+                             code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"])
+            else:
+                single_groups.append(foreign)    # judged against the cold control below
         if c.get("wrong_task") is not None:
             self.finding(state, "wrong_task", "warn", record, offset=c["wrong_task"],
                          detail=f"a {record.task} request answered with its own code (a candidate fluke, not a leak)")
-        if expect == "cold" and record.cached is not None and record.cached > self.cold_tolerance:
-            state.mark_inconclusive(f"request {record.request} should be cold but had {record.cached} cached tokens")
-            self.finding(state, "cold_not_cold", "warn", record,
-                         detail=f"expected a cold request, got {record.cached} cached tokens")
+        if expect == "cold" and not record.cold:
+            if record.proof.low > record.cold_tolerance:
+                state.mark_inconclusive(f"request {record.request} should be cold but had {record.proof.low} "
+                                        f"cached tokens")
+                self.finding(state, "cold_not_cold", "warn", record,
+                             detail=f"expected a cold request, got {record.proof.low} cached tokens (at most "
+                                    f"{record.cold_tolerance} may be shared before the run nonce)",
+                             cached_tokens=record.proof.low, tolerance=record.cold_tolerance)
+            else:
+                state.mark_inconclusive("cold requests are not proven cold: their cached tokens are unknown"
+                                        + (f" ({state.no_report_fix})" if state.no_report_fix else ""))
         if expect == "hit":
             state.expected_hits += 1
+            if not record.hit:
+                state.unproven_expected += 1
             miss = (c.get("checkpoint") or {}).get("full_reprocess")
-            if miss and not record.cached:
+            if miss and not record.hit:
                 self.finding(state, "checkpoint_miss", "info", record,
                              detail="a shared prefix got no hit: the server had no usable checkpoint inside it "
                                     "(neither a pass nor a fail)", line=miss)
         if self.scenario.evidence.fingerprints and record.memo is not None:
             await self._judge_fingerprint(state, record)
         problems = hit_path_problems(c)
-        if not problems or not control:
+        if not (problems or single_groups) or not control:
+            for foreign in single_groups:         # no control to judge it by: a warning
+                self._single_group(state, record, foreign, None)
             return
-        if record.cached is not None and record.cached <= self.cold_tolerance:
-            state.cold_failures += 1
+        if record.cold:
+            state.cold_failures += bool(problems)
             # A model that cannot give its own code back cold proves nothing by recall; one that
             # loops or stops on its own still leaves the other evidence (codes elsewhere, fingerprints).
             if expect == "cold" and any(kind == "recall_miss" for kind, _, _ in problems):
@@ -395,71 +518,111 @@ class Requester:
             for kind, offset, detail in problems:
                 self.finding(state, kind, "info", record, offset=offset,
                              detail=f"{detail}; on a cold request (no hit): the model, not the cache")
+            for foreign in single_groups:
+                self.finding(state, "foreign_code", "info", record, offset=foreign["offset"],
+                             detail=f"one group ({foreign['matched']}) of code {foreign['code']} of memo "
+                                    f"{foreign['owner']} on a cold request: the model wrote that number itself",
+                             code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"])
             return
         control = await self.send(state, dataclasses.replace(record.spec, salt=self.fresh_salt()),
                                   task=record.task, memo=record.memo, slot=record.slot, round=record.round,
                                   turn=record.turn, expect="cold", arm="control", of_request=record.request,
                                   judges=judges)
         control_problems = {kind for kind, _, _ in hit_path_problems(control.checks)}
-        control_cold = control.cached is None or control.cached <= self.cold_tolerance
+        control_cold = control.cold
         for foreign in control.checks.get("foreign", []):
-            self.finding(state, "foreign_code", "fail", control, offset=foreign["offset"],
-                         detail=f"the cold control carries code {foreign['code']} of memo {foreign['owner']}",
-                         code=foreign["code"], owner=foreign["owner"])
+            if foreign["groups"] >= 2:
+                self.finding(state, "foreign_code", "fail", control, offset=foreign["offset"],
+                             detail=f"the cold control carries code {foreign['code']} of memo {foreign['owner']}",
+                             code=foreign["code"], owner=foreign["owner"])
+        for foreign in single_groups:
+            self._single_group(state, record, foreign, control if control_cold else None)
+        on_what = (f"on a hit ({_cached_words(record.proof)})" if record.hit
+                   else "on a request whose cache use is unknown")
         for kind, offset, detail in problems:
             if not control_cold:
                 self.finding(state, kind, "warn", record, offset=offset,
-                             detail=f"{detail}; no cold control possible (the salted re-send had "
-                                    f"{control.cached} cached tokens)", control_request=control.request)
+                             detail=f"{detail}; no cold control possible (the salted re-send is not proven cold: "
+                                    f"{_cached_words(control.proof)})", control_request=control.request)
             elif kind in control_problems:
                 state.model_failures += 1
                 self.finding(state, kind, "info", record, offset=offset,
                              detail=f"{detail}; the cold control (request {control.request}) fails the same "
                                     f"way: the model, not the cache", control_request=control.request)
             else:
-                self.finding(state, kind, "fail", record, offset=offset,
-                             detail=f"{detail} on a hit ({record.cached} cached tokens), while the cold "
-                                    f"control (request {control.request}) is right",
-                             control_request=control.request, cached_tokens=record.cached,
+                self.finding(state, kind, "fail" if record.hit else "warn", record, offset=offset,
+                             detail=f"{detail} {on_what}, while the cold control (request {control.request}) "
+                                    f"is right",
+                             control_request=control.request, cached_tokens=record.proof.low,
                              control_text=control.text[:400])
+
+    def _single_group(self, state: PhaseState, record: Record, foreign: dict, control: Record | None) -> None:
+        """One four-digit group of another memo's code: a mixed state, or a number the model wrote
+        by chance. Its false-alarm odds are the chance that the four-digit numbers the answer holds
+        hit one of the run's registered groups; below the run's power target, with a cold control
+        that does not write it, it is fail-class."""
+        groups = 3 * max(0, len(self.engine.registry.owners) - (1 if record.memo and record.memo.code else 0))
+        numbers = checks.four_digit_numbers(record.text)
+        odds = checks.false_alarm_odds(numbers, groups)
+        threshold = self.scenario.power.fault_rate or DEFAULT_ALARM_RATE
+        where = dict(code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"], odds=round(odds, 6),
+                     numbers=numbers, registered_groups=groups)
+        base = (f"one group ({foreign['matched']}) of code {foreign['code']} owned by memo {foreign['owner']} at "
+                f"offset {foreign['offset']}; false-alarm odds {_pct(odds)} ({numbers} four-digit number(s) "
+                f"against {groups} registered groups)")
+        if control is None:
+            self.finding(state, "foreign_code", "warn", record, offset=foreign["offset"],
+                         detail=f"{base}; no cold control to compare with", **where)
+            return
+        echoed = any(f["code"] == foreign["code"] for f in control.checks.get("foreign", []))
+        if echoed:
+            self.finding(state, "foreign_code", "info", record, offset=foreign["offset"],
+                         detail=f"{base}; the cold control (request {control.request}) writes it too: the model, "
+                                f"not the cache", control_request=control.request, **where)
+        elif odds < threshold:
+            self.finding(state, "foreign_code", "fail", record, offset=foreign["offset"],
+                         detail=f"{base}, below the run's {_pct(threshold)} target, and the cold control (request "
+                                f"{control.request}) is clean: a mixed state", control_request=control.request,
+                         **where)
+        else:
+            self.finding(state, "foreign_code", "warn", record, offset=foreign["offset"],
+                         detail=f"{base}, not below the run's {_pct(threshold)} target: too likely by chance to "
+                                f"call a leak", control_request=control.request, **where)
 
     # --- fingerprints ------------------------------------------------------------------------
 
     async def _cold_fingerprint(self, state: PhaseState, record: Record) -> Fingerprint | None:
         """The cold run of this exact prompt: this record if it was cold, else one more request."""
         key = prompt_key(record.spec)
-        if key in self.fingerprints:
-            return self.fingerprints[key]
-        if record.cached is not None and record.cached <= self.cold_tolerance:
+        known = self.fingerprints.get(key)
+        if known is not None:
+            return known
+        if record.cold:
             source = record
         else:
             source = await self.send(state, dataclasses.replace(record.spec, salt=self.fresh_salt()),
                                      task=record.task, memo=record.memo, slot=record.slot, round=record.round,
                                      turn=record.turn, expect="cold", arm="control", of_request=record.request)
-            if source.cached and source.cached > self.cold_tolerance:
-                return None                      # no cold run to be had: cold_not_cold was reported
+            if not source.cold:
+                return None                      # no cold run to be had (cold_not_cold, or unknown)
         if not source.completion.logprobs:
             self._note_once(state, "no_logprobs", "the server returned no log-probabilities: fingerprints "
                             "cannot be compared", record)
             return None
         fingerprint = Fingerprint(record.memo.memo_id, record.task, source.request, source.completion.logprobs)
-        self.fingerprints[key] = fingerprint
-        self._check_distinct(state, fingerprint, record)
+        alike = self.fingerprints.add(key, fingerprint)
+        if alike and not state.redraws_memos:    # a phase that re-draws memos judges distinctness itself
+            self.note_indistinct(state, alike[0], fingerprint, record)
         return fingerprint
 
-    def _check_distinct(self, state: PhaseState, new: Fingerprint, record: Record) -> None:
-        e = self.scenario.evidence
-        for other in self.fingerprints.values():
-            if other.memo == new.memo or other.task != new.task:
-                continue
-            if checks.fingerprint_match(new.logprobs, other.logprobs, e.fingerprint_tokens).matches(
-                    e.fingerprint_tolerance):
-                self._note_once(state, f"indistinct:{state.name}",
-                                f"memos {other.memo} and {new.memo} have the same fingerprint (requests "
-                                f"{other.request} and {new.request}): leak detection by fingerprint is inconclusive "
-                                f"in this phase", record, inconclusive=True)
+    def note_indistinct(self, state: PhaseState, a: Fingerprint, b: Fingerprint, record: Record | None) -> None:
+        self._note_once(state, f"indistinct:{state.name}",
+                        f"memos {a.memo} and {b.memo} have the same fingerprint (requests {a.request} and "
+                        f"{b.request}): leak detection by fingerprint is inconclusive in this phase", record,
+                        inconclusive=True)
 
-    def _note_once(self, state: PhaseState, key: str, detail: str, record: Record, inconclusive: bool = False) -> None:
+    def _note_once(self, state: PhaseState, key: str, detail: str, record: Record | None,
+                   inconclusive: bool = False) -> None:
         if key in self._fingerprint_notes:
             return
         self._fingerprint_notes.add(key)
@@ -468,24 +631,30 @@ class Requester:
         self.finding(state, "fingerprint_indistinct" if inconclusive else "fingerprint_unavailable", "info",
                      record, detail=detail)
 
+    def fingerprint_verdict(self, record: Record) -> str | None:
+        """match | foreign_state | mismatch for any re-send (isolation), against the cold fingerprints
+        seen so far; None when the prompt has no cold fingerprint or the answer no log-probabilities."""
+        own = self.fingerprints.get(prompt_key(record.spec))
+        if own is None or not record.completion.logprobs:
+            return None
+        return self.fingerprints.compare(record.completion.logprobs, own)[2]
+
     async def _judge_fingerprint(self, state: PhaseState, record: Record) -> None:
-        e = self.scenario.evidence
+        tolerance = self.scenario.evidence.fingerprint_tolerance
         own = await self._cold_fingerprint(state, record)
         if own is None or not record.hit or own.request == record.request:
             return
         run = record.completion.logprobs
-        mine = checks.fingerprint_match(run, own.logprobs, e.fingerprint_tokens)
-        others = {fp.memo: checks.fingerprint_match(run, fp.logprobs, e.fingerprint_tokens)
-                  for fp in self.fingerprints.values() if fp.task == record.task and fp.memo != own.memo}
-        verdict, owner = checks.classify_fingerprint(mine, others, e.fingerprint_tolerance, e.fingerprint_tokens)
+        mine, others, verdict, owner = self.fingerprints.compare(run, own)
         record.checks["fingerprint"] = {"verdict": verdict, "own_distance": mine.distance,
                                         "own_agreeing": mine.agreeing, "closest": owner}
         self.engine.emit(FingerprintCompared(request=record.request, own_request=own.request, verdict=verdict,
                                              agreeing=mine.agreeing, distance=mine.distance, closest=owner))
         if verdict == "match":
             return
-        indistinct = any(key.startswith("indistinct:") and key.endswith(state.name) for key in self._fingerprint_notes)
-        if verdict == "foreign_state" and not indistinct:
+        if verdict == "foreign_state":
+            if owner in self.fingerprints.indistinct_from(own.memo, own.task):
+                return            # the two memos look alike: no telling them apart (noted when seen)
             theirs = others[owner]
             self.finding(state, "foreign_state", "fail", record,
                          detail=(f"the hit's continuation is closer to memo {owner}'s cold fingerprint ({theirs.agreeing} "
@@ -503,22 +672,23 @@ class Requester:
         rehit = await self.send(state, record.spec, task=record.task, memo=record.memo, slot=record.slot,
                                 round=record.round, turn=record.turn, expect="hit", arm="control",
                                 of_request=record.request)
-        cold_again = checks.fingerprint_match(again.completion.logprobs, own.logprobs, e.fingerprint_tokens)
-        hit_again = checks.fingerprint_match(rehit.completion.logprobs, run, e.fingerprint_tokens)
+        cold_again = self.fingerprints.match(again.completion.logprobs, own.logprobs)
+        hit_again = self.fingerprints.match(rehit.completion.logprobs, run)
         where = f"first {mine.agreeing} tokens agree, log-probabilities {mine.distance:.4f} apart"
         evidence = dict(own_request=own.request, control_request=again.request, rehit_request=rehit.request,
                         own_distance=mine.distance)
-        if cold_again.matches(e.fingerprint_tolerance) and rehit.hit and hit_again.matches(e.fingerprint_tolerance):
+        if cold_again.matches(tolerance) and rehit.hit and hit_again.matches(tolerance):
             self.finding(state, "fingerprint_mismatch", "fail", record,
                          detail=(f"the hit differs from its own cold fingerprint ({where}); a second cold run "
                                  f"(request {again.request}) reproduces the fingerprint and a second hit (request "
                                  f"{rehit.request}) the deviation: corruption on the hit path"), **evidence)
         else:
-            why = ("the second cold run differs from the fingerprint too" if not cold_again.matches(e.fingerprint_tolerance)
+            why = ("the second cold run differs from the fingerprint too" if not cold_again.matches(tolerance)
                    else "the second hit does not repeat the deviation")
             self.finding(state, "fingerprint_mismatch", "info", record,
                          detail=f"the hit differs from its cold fingerprint ({where}), but {why}: "
                                 f"not reproducible, the kernel rather than the cache", **evidence)
+
 
 async def concurrently(*coroutines):
     """gather() that cancels the siblings when one fails, so no slot outlives the phase."""
@@ -532,12 +702,18 @@ async def concurrently(*coroutines):
         raise
 
 
-@dataclass(frozen=True)
-class Fingerprint:
-    memo: str
-    task: str
-    request: int
-    logprobs: list[list]
+def _cached_words(proof: CacheProof) -> str:
+    if proof.exact is not None:
+        return f"{proof.exact} cached tokens"
+    if proof.source == "unknown":
+        return "cached tokens unknown"
+    return f"{proof.low}-{proof.high} cached tokens (by counter)" if proof.high is not None \
+        else f"at least {proof.low} cached tokens (by counter)"
+
+
+def _pct(value: float) -> str:
+    text = f"{value * 100:.2f}".rstrip("0").rstrip(".")
+    return f"{text}%"
 
 
 def prompt_key(spec: RequestSpec) -> str:

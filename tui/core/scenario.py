@@ -38,6 +38,9 @@ class Evidence:
     fingerprint_tokens: int = 12     # how many leading output tokens make a fingerprint
     fingerprint_top_k: int = 5       # log-probabilities per token
     fingerprint_tolerance: float = 0.0   # nats; exact on llama.cpp CPU, small for GPU kernels
+    # nats two memos' cold fingerprints must be apart beyond the tolerance to count as distinct
+    # (a phase that relies on fingerprints re-draws a memo that is not)
+    fingerprint_margin: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,9 @@ class SharedConcurrency:
 @dataclass(frozen=True)
 class Rotation:
     slots: int = 4
-    rounds: int = 14
+    rounds: int = 14                 # at least; a power target can add rounds
     memo_tokens: int = 4500
+    tasks: tuple[str, ...] = ("recall", "summary")   # slot s asks tasks[s % len(tasks)]
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,16 @@ class Isolation:
 
 
 @dataclass(frozen=True)
+class Power:
+    """A per-hit fault rate the run must rule out: the rotation phase keeps going (more rounds,
+    every hit checked) until enough hits were checked for their own code, or its time is up."""
+    fault_rate: float = 0.0          # 0: no target (the report still states the power reached)
+    confidence: float = 0.95
+    budget_s: float = 600.0          # the most the rotation phase may run, planned rounds included
+    evidence: str = ""               # "recall" (codes) | "fingerprint"; empty: recall when codes are planted
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str = "default"
     description: str = ""
@@ -132,8 +146,14 @@ class Scenario:
     control: Control = field(default_factory=Control)
     agent_replay: AgentReplay = field(default_factory=AgentReplay)
     isolation: Isolation = field(default_factory=Isolation)
+    power: Power = field(default_factory=Power)
     source: str = "<built-in>"       # file it came from
     text: str = ""                   # the file's text, recorded in the log header
+
+    @property
+    def power_evidence(self) -> str:
+        """The kind of evidence a power target counts: planted codes when there are any."""
+        return self.power.evidence or ("recall" if self.evidence.codes else "fingerprint")
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -146,6 +166,7 @@ _SECTIONS: dict[str, type] = {
     "evidence": Evidence,
     "sampling": Sampling,
     "isolation": Isolation,
+    "power": Power,
     "phases.cold_hit": ColdHit,
     "phases.conversation": Conversation,
     "phases.shared_concurrency": SharedConcurrency,
@@ -160,9 +181,10 @@ _MINIMUMS = {
     "memo_tokens": 64, "recall_max_tokens": 8, "summary_max_tokens": 1, "turn_max_tokens": 1,
     "turns": 1, "turn_tokens": 8, "streams": 1, "rounds": 1, "slots": 2, "max_tokens": 1,
     "short_memo_tokens": 32, "short_runs": 2, "requests": 1, "concurrency": 1, "k": 1,
-    "fingerprint_tokens": 1, "fingerprint_top_k": 1, "fingerprint_tolerance": 0.0,
+    "fingerprint_tokens": 1, "fingerprint_top_k": 1, "fingerprint_tolerance": 0.0, "fingerprint_margin": 0.0,
     "tools": 1, "growth_tokens": 8, "integrity_every": 1, "acceptance_collapse": 1.0,
     "block_size": 0, "suffix_tokens": 1, "logprobs": 0, "logprob_tolerance": 0.0, "length_step_tokens": 0, "request_timeout": 1,
+    "fault_rate": 0.0, "budget_s": 1.0,
 }
 
 
@@ -281,7 +303,7 @@ def _coerce(text: str, source: str, section: str, key: str, value: Any, default:
     if kind is tuple:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise _fail(text, source, section, key, "must be a list of strings")
-        return value
+        return tuple(value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
@@ -303,6 +325,17 @@ def _check_relations(s: Scenario, text: str, source: str) -> None:
         raise _fail(text, source, "sampling", "temperature", "fingerprints compare greedy runs: use temperature = 0")
     if s.sampling.temperature < 0:
         raise _fail(text, source, "sampling", "temperature", "must be >= 0")
+    if not s.rotation.tasks or any(t not in ("recall", "summary") for t in s.rotation.tasks):
+        raise _fail(text, source, "phases.rotation", "tasks", 'must list "recall" and/or "summary"')
+    if not 0.0 <= s.power.fault_rate < 1.0:
+        raise _fail(text, source, "power", "fault_rate", "must be at least 0 and below 1 (0.01 is 1 fault in 100 hits)")
+    if not 0.0 < s.power.confidence < 1.0:
+        raise _fail(text, source, "power", "confidence", "must be between 0 and 1 (exclusive), e.g. 0.95")
+    if s.power.evidence not in ("", "recall", "fingerprint"):
+        raise _fail(text, source, "power", "evidence", "must be \"recall\" or \"fingerprint\"")
+    if s.power.evidence == "recall" and not s.evidence.codes or \
+            s.power.evidence == "fingerprint" and not s.evidence.fingerprints:
+        raise _fail(text, source, "power", "evidence", f"{s.power.evidence} evidence is switched off in [evidence]")
     if s.rotation.slots > 256 or s.shared_concurrency.streams > 256:
         raise _fail(text, source, "phases.rotation", "slots", "at most 256 concurrent slots")
 

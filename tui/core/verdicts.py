@@ -6,20 +6,13 @@ from typing import Iterable
 
 from .errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, EXIT_PASS, EXIT_SERVER
 
-FINDING_KINDS = (
-    "foreign_code", "recall_miss", "wrong_task", "empty_answer", "repetition",
-    "cache_path_divergence", "kernel_nondeterminism", "no_hits", "cold_not_cold", "server_error",
-    "acceptance_collapse", "foreign_state", "fingerprint_mismatch", "fingerprint_indistinct",
-    "fingerprint_unavailable", "engine_log", "checkpoint_miss",
-)
-SEVERITIES = ("fail", "warn", "info")
-
-
-def run_verdict(phase_statuses: Iterable[str], fail_findings: int) -> str:
+def run_verdict(phase_statuses: Iterable[str], fail_findings: int, power_reached: bool = True) -> str:
+    """fail beats everything; then a phase that proved nothing, or a power target the run asked for
+    and did not reach, makes the run inconclusive; only then pass."""
     statuses = list(phase_statuses)
     if fail_findings or "fail" in statuses:
         return "fail"
-    if not statuses or "inconclusive" in statuses:
+    if not statuses or "inconclusive" in statuses or not power_reached:
         return "inconclusive"
     return "pass"
 

@@ -27,6 +27,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-name", default=d.model_name, help="model id served and used in metric labels")
     parser.add_argument("--drift-min-tokens", type=int, default=d.drift_min_tokens,
                         help="wording_drift engages on prompts longer than this many tokens")
+    parser.add_argument("--no-cache-report", action="store_true",
+                        help="report no per-request cached tokens (usage without prompt_tokens_details, as "
+                             "vLLM without --enable-prompt-tokens-details); /metrics still counts them")
     parser.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens,
                         help="> 0: pretend a drafter and export vllm:spec_decode_* counters")
 
@@ -37,7 +40,8 @@ def _config(ns: argparse.Namespace) -> RefServerConfig:
         num_blocks=ns.num_blocks, prefill_us_per_token=ns.prefill_us_per_token,
         decode_ms_per_token=ns.decode_ms_per_token, model_name=ns.model_name,
         drift_min_tokens=getattr(ns, "drift_min_tokens", RefServerConfig.drift_min_tokens),
-        num_speculative_tokens=getattr(ns, "num_speculative_tokens", 0))
+        num_speculative_tokens=getattr(ns, "num_speculative_tokens", 0),
+        cache_report=not getattr(ns, "no_cache_report", False))
 
 
 async def serve(config: RefServerConfig) -> None:

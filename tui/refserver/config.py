@@ -22,6 +22,7 @@ class RefServerConfig:
     drift_min_tokens: int = 1000  # wording_drift engages on prompts longer than this
     num_speculative_tokens: int = 0  # > 0: pretend a drafter and export spec-decode counters
     max_model_len: int = 32768
+    cache_report: bool = True  # False: usage carries no prompt_tokens_details (vLLM's default)
     host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:

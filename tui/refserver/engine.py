@@ -12,6 +12,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from . import shapes
 from .cache import PrefixCache
 from .config import RefServerConfig
 from .faults import Restore, make_fault
@@ -85,13 +86,20 @@ class Engine:
         jitter = self.fault.jitter(len(prompt))
         generation = generate(state, max_tokens, jitter)
         self.stats.queries += len(prompt)
-        self.stats.hits += cached
+        self.stats.hits += self.fault.counted(cached)
         self.stats.prompt_tokens += len(prompt)
         return Admission(request_id, prompt, hashes, cached, state, generation,
                          fingerprint_digest(state), jitter is not None)
 
     def prefill_seconds(self, adm: Admission) -> float:
-        return (adm.prompt_tokens - adm.cached_tokens) * self.config.prefill_us_per_token / 1e6
+        tokens = self.fault.prefill_tokens(adm.prompt_tokens, adm.cached_tokens)
+        return tokens * self.config.prefill_us_per_token / 1e6
+
+    def usage(self, adm: Admission, completion_tokens: int) -> dict:
+        """The response's usage: cached tokens as the fault reports them, or none at all when the
+        server is told not to report them (vLLM without --enable-prompt-tokens-details)."""
+        cached = self.fault.reported(adm.cached_tokens) if self.config.cache_report else None
+        return shapes.usage(adm.prompt_tokens, completion_tokens, cached)
 
     def commit(self, adm: Admission) -> None:
         self.cache.store(adm.hashes, adm.state, adm.request_id)

@@ -20,6 +20,11 @@ project notes; see README.md for the table):
 ``empty_turn``     a hit on a multi-turn prompt (``User:`` at least twice) restores a
                    state whose last slot is end-of-sequence: the answer is empty,
                    finish_reason "stop": "a conversation would come back empty on turn two".
+``mixed_state``    on a hit, with probability 0.5, one four-digit group of the memo's code is
+                   restored from another stored sequence's code: a state mixed from two requests.
+``slow_hits``, ``unaligned_report``, ``counter_drift``: the restore is right, the bookkeeping
+                   is not: a hit that saves no prefill time; cached tokens reported one short of
+                   whole blocks; a /metrics counter that adds each hit twice.
 ``wording_drift``  no cache fault: prompts longer than ``drift_min_tokens`` (cold or hit
                    alike) get a kernel RNG that swaps a word or two after character ~60
                    and, on about 1 summary in 15, answers with the memo's own code:
@@ -37,7 +42,8 @@ from dataclasses import dataclass
 from .cache import BlockState, PrefixCache
 from .tokenizer import EOS, ZERO, Token, is_word, token_for
 
-FAULTS = ("none", "zero_state", "foreign_state", "repeat_token", "empty_turn", "wording_drift")
+FAULTS = ("none", "zero_state", "foreign_state", "repeat_token", "empty_turn", "wording_drift",
+          "mixed_state", "slow_hits", "unaligned_report", "counter_drift")
 
 
 @dataclass
@@ -66,6 +72,90 @@ class Fault:
 
     def jitter(self, prompt_len: int) -> random.Random | None:
         return None
+
+    # What the server says about a hit, apart from the restore itself (the bookkeeping faults).
+    def reported(self, cached: int) -> int:
+        """Cached tokens the response reports."""
+        return cached
+
+    def counted(self, cached: int) -> int:
+        """Cached tokens the /metrics counter adds."""
+        return cached
+
+    def prefill_tokens(self, prompt_tokens: int, cached: int) -> int:
+        """Tokens the prefill is timed for."""
+        return prompt_tokens - cached
+
+
+class MixedState(Fault):
+    """On a hit, with probability 0.5 (seeded), the restored state is this request's own except one
+    four-digit group of its code, which comes from another stored sequence's code: a restore that
+    mixed two requests' blocks. The answer then carries one group of a foreign code."""
+    name = "mixed_state"
+
+    def __init__(self, seed: int, rate: float = 0.5) -> None:
+        self.rng = random.Random(f"mixed:{seed}")
+        self.rate = rate
+
+    def restore(self, r: Restore) -> list[Token]:
+        good = r.correct()
+        if self.rng.random() >= self.rate:
+            return good
+        mine = _code_at(good)
+        if mine is None:
+            return good
+        for request_id, chain in reversed(list(r.cache.sequences())):
+            if request_id == r.request_id:
+                continue
+            states = [r.cache.peek(h) for h in chain]
+            tokens = [t for st in states if st is not None for t in st.tokens]
+            theirs = _code_at(tokens)
+            if theirs is not None and tokens[theirs + 2].text != good[mine + 2].text:
+                mixed = list(good)
+                mixed[mine + 2] = tokens[theirs + 2]        # the middle group of the other code
+                return mixed
+        return good
+
+
+def _code_at(tokens: list[Token]) -> int | None:
+    """Index of the first token of the first dddd-dddd-dddd in the tokens."""
+    for i in range(len(tokens) - 4):
+        window = tokens[i:i + 5]
+        if (all(len(t.text) == 4 and t.text.isdigit() for t in window[0::2])
+                and all(t.text == "-" for t in window[1::2])):
+            return i
+    return None
+
+
+class SlowHits(Fault):
+    """A hit is found and restored correctly, but costs more than it saves: the cached blocks are
+    read back one by one and the prompt is prefilled in full anyway (a cache that is consulted and
+    then ignored), so a hit is slower than a cold request."""
+    name = "slow_hits"
+
+    def prefill_tokens(self, prompt_tokens: int, cached: int) -> int:
+        return prompt_tokens + cached
+
+
+class UnalignedReport(Fault):
+    """The restore is right, but the report and the counter both say one token less than the
+    blocks reused: cached tokens that are not whole blocks (bookkeeping off by one)."""
+    name = "unaligned_report"
+
+    def reported(self, cached: int) -> int:
+        return cached - 1 if cached else 0
+
+    def counted(self, cached: int) -> int:
+        return self.reported(cached)
+
+
+class CounterDrift(Fault):
+    """The restore and the per-request report are right; the /metrics counter adds every hit twice
+    (a counter that disagrees with the responses)."""
+    name = "counter_drift"
+
+    def counted(self, cached: int) -> int:
+        return 2 * cached
 
 
 class ZeroState(Fault):
@@ -170,4 +260,12 @@ def make_fault(name: str, seed: int = 0, drift_min_tokens: int = 1000) -> Fault:
         return EmptyTurn()
     if name == "wording_drift":
         return WordingDrift(seed, drift_min_tokens)
+    if name == "mixed_state":
+        return MixedState(seed)
+    if name == "slow_hits":
+        return SlowHits()
+    if name == "unaligned_report":
+        return UnalignedReport()
+    if name == "counter_drift":
+        return CounterDrift()
     raise ValueError(f"unknown fault {name!r}; choose from {', '.join(FAULTS)}")

@@ -109,7 +109,7 @@ async def _generate(request: web.Request, parse) -> web.StreamResponse:
 
 
 def _body(engine: Engine, params: Params, adm: Admission, out: Outcome, entries) -> dict:
-    use = shapes.usage(adm.prompt_tokens, len(out.pieces), adm.cached_tokens)
+    use = engine.usage(adm, len(out.pieces))
     text = "".join(out.pieces)
     model, created = engine.config.model_name, int(time.time())
     if params.chat:
@@ -154,7 +154,7 @@ async def _stream(request: web.Request, engine: Engine, params: Params, adm: Adm
             await resp.write(shapes.sse(chunk("", None, True, 0)))
         tally["finish"] = out.finish_reason
         if params.include_usage:
-            use = shapes.usage(adm.prompt_tokens, len(out.pieces), adm.cached_tokens)
+            use = engine.usage(adm, len(out.pieces))
             await resp.write(shapes.sse(shapes.usage_chunk(rid, created, model, params.chat, use)))
         await resp.write(shapes.DONE)
         await resp.write_eof()

@@ -13,10 +13,14 @@ def sse(obj: Any) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict:
+    """vLLM's usage object; without cached tokens (None) it has no prompt_tokens_details, as vLLM
+    sends it unless started with --enable-prompt-tokens-details."""
+    use = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        use["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return use
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, finish: str | None = None,

@@ -15,6 +15,7 @@ from ..memos import Memo
 from ..metrics import acceptance_length
 from ..requests import hit_path_problems
 from ..tokens import estimate_tokens
+from .conversation import judge_rise
 
 TITLE = "agent replay"
 
@@ -84,12 +85,8 @@ async def run(rq, state) -> None:
 def judge(rq, state, main: list[dict], control: list[dict], collapse: float) -> None:
     previous = None
     for m in main:
-        cached = m["record"].cached
-        if previous is not None and cached is not None and cached <= previous:
-            state.mark_inconclusive(f"cached tokens did not rise at turn {m['turn']} ({previous} -> {cached})")
-            rq.finding(state, "no_hits", "warn", m["record"],
-                       detail=f"turn {m['turn']}: cached tokens did not rise ({previous} -> {cached})")
-        previous = cached
+        judge_rise(rq, state, previous, m["record"], m["turn"])
+        previous = m["record"]
     kinds = sorted({kind for m in main for kind in m["problems"]})
     for kind in kinds:
         bad = [(i, m) for i, m in enumerate(main) if kind in m["problems"]]

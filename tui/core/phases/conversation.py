@@ -6,6 +6,7 @@ Each turn adds at least one alignment block of text, so cached tokens must rise 
 from __future__ import annotations
 
 from ..evidence import RECALL_ANSWER_LEAD, RECALL_QUESTION
+from ..proof import rises
 
 TITLE = "conversation"
 
@@ -13,6 +14,28 @@ TITLE = "conversation"
 def plan(scenario) -> dict:
     return {"slots": 1, "rounds": scenario.conversation.turns + 1,
             "planned_requests": scenario.conversation.turns + 1}
+
+
+def judge_rise(rq, state, previous, record, turn: int) -> None:
+    """Cached tokens must rise turn over turn; a turn where they did not, or where nobody can tell
+    (cached tokens unknown), leaves the phase inconclusive."""
+    if previous is None:
+        return
+    rose = rises(previous.proof, record.proof)
+    if rose:
+        return
+    said = f"{_words(previous.proof)} -> {_words(record.proof)}"
+    if rose is None:
+        state.mark_inconclusive(f"cached tokens not proven to rise at turn {turn} ({said})")
+        return
+    state.mark_inconclusive(f"cached tokens did not rise at turn {turn} ({said})")
+    rq.finding(state, "no_hits", "warn", record, detail=f"turn {turn}: cached tokens did not rise ({said})")
+
+
+def _words(proof) -> str:
+    if proof.exact is not None:
+        return str(proof.exact)
+    return "unknown" if proof.source == "unknown" else f"{proof.low}-{proof.high if proof.high is not None else '?'}"
 
 
 def _question(turn: int) -> str:
@@ -26,7 +49,7 @@ async def run(rq, state) -> None:
     chat = s.api == "chat"
     transcript = f"{memo.text}\n"
     messages: list[dict[str, str]] = []
-    previous_cached = None
+    previous = None
     cached_by_turn = []
     for turn in range(1, s.conversation.turns + 2):
         final = turn == s.conversation.turns + 1
@@ -51,11 +74,7 @@ async def run(rq, state) -> None:
             messages.append({"role": "assistant", "content": record.text})
         else:
             transcript += record.text.rstrip("\n") if not final else record.text
-        if previous_cached is not None and record.cached is not None and record.cached <= previous_cached:
-            state.mark_inconclusive(f"cached tokens did not rise at turn {turn} "
-                                    f"({previous_cached} -> {record.cached})")
-            rq.finding(state, "no_hits", "warn", record,
-                       detail=f"turn {turn}: cached tokens did not rise ({previous_cached} -> {record.cached})")
-        previous_cached = record.cached
+        judge_rise(rq, state, previous, record, turn)
+        previous = record
         cached_by_turn.append(record.cached)
     state.extra["cached_by_turn"] = cached_by_turn

@@ -47,9 +47,9 @@ async def run(rq, state) -> None:
                                 task="determinism", memo=short, expect="cold", judges=judges)
                   for _ in range(d.short_runs)]
     if len(hits) < 2:
-        state.mark_inconclusive("the determinism hits got no cache hit")
-        rq.finding(state, "no_hits", "warn", state.last, detail="determinism: repeats of the memo "
-                   "reported 0 cached tokens")
+        state.mark_inconclusive("the determinism repeats got no proven cache hit")
+        rq.finding(state, "no_hits", "warn", state.last, detail="determinism: repeats of the memo have no proven "
+                   "cache hit (0 cached tokens, or unknown)")
         return
     verdict = classify_determinism(cold.text, [h.text for h in hits], cold_again.text, [r.text for r in short_runs])
     state.extra["determinism"] = {"kind": verdict.kind, "hit_vs_cold": verdict.hit_vs_cold,

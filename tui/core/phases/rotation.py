@@ -1,32 +1,116 @@
 """Phase 4: distinct memos rotate across concurrent slots (slot s gets memo (s + r) mod n in round r).
 
 Every slot lands on blocks another slot wrote a round earlier, and every memo has its own
-code, so a code from another memo in an answer is unambiguous.
+code, so a code from another memo in an answer is unambiguous. With a power target the phase
+keeps rotating after its planned rounds until the run has checked enough hits to rule the
+target rate out, or its time budget is spent (the run then says by how much it fell short).
 """
 
 from __future__ import annotations
 
+import math
+import time
+
+from ..power import hits_needed
 from ..requests import concurrently
 
-
 TITLE = "rotation"
+MAX_ROUNDS = 10_000           # a bound on the loop whatever the budget says
+
+
+def target_rounds(scenario) -> int:
+    """Rounds the phase plans: its own, or (with a power target) enough for the target if every hit
+    of the phase were checked and no other phase checked any (round 0 is cold: it writes the blocks)."""
+    r, p = scenario.rotation, scenario.power
+    if not p.fault_rate:
+        return r.rounds
+    checked_per_round = r.slots if scenario.power_evidence == "fingerprint" else \
+        sum(1 for slot in range(r.slots) if r.tasks[slot % len(r.tasks)] == "recall")
+    if not checked_per_round:
+        return r.rounds
+    return max(r.rounds, math.ceil(hits_needed(p.fault_rate, p.confidence) / checked_per_round) + 1)
+
+
+MAX_REDRAWS = 6               # memos re-drawn in a phase before it gives up on telling them apart
+
+
+async def redraw_alike(rq, state, memos: list, one) -> None:
+    """Before rotation relies on fingerprints: every pair of memos must be distinct on its cold run
+    (round 0 measured them). A memo alike to an earlier one is re-drawn (another id, so other filler,
+    and a slightly different length) and sent cold on its slot, until all are apart or the phase
+    gives up: then leak detection by fingerprint is inconclusive, and says which pair."""
+    r = rq.scenario.rotation
+    for attempt in range(1, MAX_REDRAWS + 1):
+        alike = None
+        for j, memo in enumerate(memos):
+            others = set(rq.fingerprints.indistinct_from(memo.memo_id, r.tasks[j % len(r.tasks)]))
+            if others & {m.memo_id for m in memos[:j]}:
+                alike = j
+                break
+        if alike is None:
+            return
+        rq.fingerprints.retire(memos[alike].memo_id)
+        memos[alike] = await rq.memo(state, tokens=r.memo_tokens + 7 * attempt, slot=alike,
+                                     tag=f"rot{alike}-redraw{attempt}")
+        state.extra["memos_redrawn"] = attempt
+        await one(alike, 0)           # the new memo's cold run, on its slot, as round 0 would have sent it
+    pair = rq.fingerprints.closest({m.memo_id for m in memos})
+    if pair is not None and not pair.distinct:
+        a = next(fp for fp in rq.fingerprints.live(pair.task) if fp.memo == pair.a)
+        b = next(fp for fp in rq.fingerprints.live(pair.task) if fp.memo == pair.b)
+        rq.note_indistinct(state, a, b, state.last)
 
 
 def plan(scenario) -> dict:
     r = scenario.rotation
-    return {"slots": r.slots, "rounds": r.rounds, "planned_requests": r.slots * r.rounds}
+    rounds = target_rounds(scenario)
+    return {"slots": r.slots, "rounds": rounds, "planned_requests": r.slots * rounds}
 
 
 async def run(rq, state) -> None:
-    r = rq.scenario.rotation
+    s = rq.scenario
+    r, p = s.rotation, s.power
     memos = [await rq.memo(state, tokens=r.memo_tokens, slot=slot, tag=f"rot{slot}") for slot in range(r.slots)]
+    needed = hits_needed(p.fault_rate, p.confidence) if p.fault_rate else 0
+    evidence = s.power_evidence
+    planned = target_rounds(s)
+    started = time.monotonic()
 
     async def one(slot: int, round_: int):
         memo = memos[(slot + round_) % r.slots]
-        task = "recall" if slot % 2 == 0 else "summary"
+        task = r.tasks[slot % len(r.tasks)]
         return await rq.send(state, rq.question(memo.text, task), task=task, memo=memo, slot=slot,
                              round=round_, expect="cold" if round_ == 0 else "hit")
 
-    for round_ in range(r.rounds):
-        rq.round(state, round_, r.rounds, {str(s): memos[(s + round_) % r.slots].memo_id for s in range(r.slots)})
+    if s.evidence.fingerprints:
+        state.redraws_memos = True
+    round_ = 0
+    stopped = "planned rounds done"
+    while round_ < MAX_ROUNDS:
+        if round_ == 1 and s.evidence.fingerprints:
+            await redraw_alike(rq, state, memos, one)
+            state.redraws_memos = False       # memos alike from here on are only noted
+        if round_ >= r.rounds:
+            if not needed:
+                break
+            if rq.engine.tally.checked[evidence] >= needed:
+                stopped = "power target reached"
+                break
+            if rq.engine.tally.failures[evidence]:
+                stopped = "a checked hit failed: more rounds cannot rule the target out"
+                break
+            if time.monotonic() - started >= p.budget_s:
+                stopped = f"time budget of {p.budget_s:.0f} s spent"
+                break
+        rq.round(state, round_, max(planned, round_ + 1),
+                 {str(slot): memos[(slot + round_) % r.slots].memo_id for slot in range(r.slots)})
         await concurrently(*(one(slot, round_) for slot in range(r.slots)))
+        round_ += 1
+    closest = rq.fingerprints.closest({m.memo_id for m in memos}) if s.evidence.fingerprints else None
+    if closest is not None:
+        state.extra["fingerprint_closest"] = {"memos": [closest.a, closest.b], "task": closest.task,
+                                              "agreeing_tokens": closest.agreeing, "distance": closest.distance,
+                                              "distinct": closest.distinct}
+    state.extra["rounds"] = round_
+    state.extra["stopped"] = stopped
+    state.extra["seconds"] = round(time.monotonic() - started, 1)

@@ -1,0 +1,97 @@
+"""The run's cold fingerprints: each prompt's cold greedy tokens and top-k log-probabilities.
+
+A hit is compared with the cold fingerprint of its own prompt and with every other memo's for the
+same question: its own (within the tolerance) is a correct restore, another memo's is another
+request's state (foreign_state). That only proves something when the memos' fingerprints are
+apart: two memos are distinct when their cold fingerprints differ in a token or are more than the
+tolerance plus a margin apart in log-probabilities. Distinctness is judged on cold runs only; a
+phase that relies on fingerprints re-draws a memo that is not distinct (`retire` drops it).
+Pure bookkeeping: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import checks
+from .checks import FingerprintMatch
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    memo: str
+    task: str
+    request: int
+    logprobs: list[list]
+
+
+@dataclass(frozen=True)
+class Closest:
+    """The two live memos whose cold fingerprints are nearest (for the report)."""
+    task: str
+    a: str
+    b: str
+    agreeing: int
+    distance: float
+    distinct: bool
+
+
+class FingerprintBook:
+    def __init__(self, tokens: int, tolerance: float, margin: float = 0.0):
+        self.tokens = tokens
+        self.tolerance = tolerance
+        self.margin = margin
+        self._by_prompt: dict[str, Fingerprint] = {}
+        self.retired: set[str] = set()
+
+    def get(self, key: str) -> Fingerprint | None:
+        return self._by_prompt.get(key)
+
+    def live(self, task: str | None = None) -> list[Fingerprint]:
+        return [fp for fp in self._by_prompt.values()
+                if fp.memo not in self.retired and (task is None or fp.task == task)]
+
+    def match(self, a: list[list], b: list[list]) -> FingerprintMatch:
+        return checks.fingerprint_match(a, b, self.tokens)
+
+    def distinct(self, a: Fingerprint, b: Fingerprint) -> bool:
+        m = self.match(a.logprobs, b.logprobs)
+        return not (m.same_tokens and m.distance <= self.tolerance + self.margin)
+
+    def add(self, key: str, fingerprint: Fingerprint) -> list[Fingerprint]:
+        """Store a cold fingerprint; the live fingerprints of other memos (same question) it is not
+        distinct from."""
+        self._by_prompt[key] = fingerprint
+        return [other for other in self.live(fingerprint.task)
+                if other.memo != fingerprint.memo and not self.distinct(fingerprint, other)]
+
+    def retire(self, memo: str) -> None:
+        """A memo re-drawn for not being distinct: its fingerprints no longer count."""
+        self.retired.add(memo)
+
+    def indistinct_from(self, memo: str, task: str) -> list[str]:
+        own = [fp for fp in self.live(task) if fp.memo == memo]
+        return sorted({other.memo for fp in own for other in self.live(task)
+                       if other.memo != memo and not self.distinct(fp, other)})
+
+    def compare(self, run: list[list], own: Fingerprint) -> tuple[FingerprintMatch, dict[str, FingerprintMatch], str,
+                                                                   str | None]:
+        """(match with its own, matches with the other memos', verdict, the closer other memo)."""
+        mine = self.match(run, own.logprobs)
+        others = {fp.memo: self.match(run, fp.logprobs) for fp in self.live(own.task) if fp.memo != own.memo}
+        verdict, owner = checks.classify_fingerprint(mine, others, self.tolerance, self.tokens)
+        return mine, others, verdict, owner
+
+    def closest(self, memos: set[str] | None = None) -> Closest | None:
+        """The nearest pair of live memos (among `memos` when given), per question, over all questions."""
+        best: Closest | None = None
+        fps = [fp for fp in self.live() if memos is None or fp.memo in memos]
+        for i, a in enumerate(fps):
+            for b in fps[i + 1:]:
+                if a.task != b.task or a.memo == b.memo:
+                    continue
+                m = self.match(a.logprobs, b.logprobs)
+                key = (m.agreeing, -m.distance)
+                if best is None or key > (best.agreeing, -best.distance):
+                    best = Closest(a.task, a.memo, b.memo, m.agreeing, m.distance, self.distinct(a, b))
+        return best

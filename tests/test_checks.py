@@ -130,6 +130,30 @@ def test_isolation_classification_counts():
     verdict, detail = classify("repetition", 4, 2, 2)
     assert verdict == "fluke" and "the model, not the cache" in detail
     assert classify("wrong_task", 4, 0, 0)[0] == "fluke"
+    # another request's state seen by fingerprint: a leak only when it reproduces on hits, never cold
+    assert classify("foreign_state", 4, 2, 0)[0] == "leak"
+    assert classify("foreign_state", 4, 0, 0)[0] == "fluke"
+    assert classify("foreign_state", 4, 2, 1)[0] == "fluke"
+    # one foreign group too likely by chance: like a fingerprint, it must reproduce
+    assert classify("foreign_code", 4, 0, 0, whole_code=False)[0] == "fluke"
+    assert classify("foreign_code", 4, 3, 0, whole_code=False)[0] == "leak"
+
+
+def test_isolation_is_only_for_kinds_about_one_answer():
+    from tui.core.isolation import why_not_isolated
+    for kind in ("foreign_code", "foreign_state", "recall_miss", "empty_answer", "repetition", "wrong_task",
+                 "cache_path_divergence", "fingerprint_mismatch"):
+        assert why_not_isolated(kind) is None, kind
+    for kind in ("cold_not_cold", "no_hits", "hits_disagree", "hit_not_faster", "server_error", "engine_log"):
+        assert why_not_isolated(kind), kind
+
+
+def test_false_alarm_odds_of_one_foreign_group():
+    from tui.core.checks import false_alarm_odds, four_digit_numbers
+    assert four_digit_numbers(" 7395-2841-6620. Also 12345 and 1999.") == 4
+    assert false_alarm_odds(0, 60) == 0.0 and false_alarm_odds(3, 0) == 0.0
+    assert abs(false_alarm_odds(1, 90) - 0.01) < 1e-12
+    assert abs(false_alarm_odds(3, 9) - (1 - (1 - 9 / 9000) ** 3)) < 1e-12
 
 
 def test_compare_logprobs_near_tie_and_real_divergence():

@@ -185,7 +185,11 @@ async def test_isolate_puts_verdicts_on_findings(tmp_path):
     assert "isolation of request" in result.out
 
 
-async def test_isolate_foreign_code_is_a_leak(tmp_path):
+async def test_isolate_foreign_code_reproduces_on_hits_and_never_cold(tmp_path):
+    # Isolation's counts must come from real re-sends: a foreign-state restore (one hit in two,
+    # seeded) shows again on some of the k hits alone, and never on the k cold re-sends under
+    # fresh salts (a cold path cannot produce another memo's code). Isolation that re-sent
+    # nothing, or re-sent "cold" without a salt, fails here.
     handle = await start_refserver(port=0, fault="foreign_state", seed=0)
     log = tmp_path / "run.jsonl"
     try:
@@ -195,4 +199,29 @@ async def test_isolate_foreign_code_is_a_leak(tmp_path):
         await handle.close()
     assert result.code == 1
     foreign = [f for f in report_json(log)["findings"] if f["kind"] == "foreign_code" and f["severity"] == "fail"]
-    assert foreign and all(f["isolation"]["verdict"] == "leak" for f in foreign)
+    assert foreign
+    for f in foreign:
+        iso = f["isolation"]
+        assert iso["verdict"] == "leak" and iso["hit_runs"] == iso["cold_runs"] == 4
+        assert iso["cold_reproduced"] == 0, iso
+    assert sum(f["isolation"]["reproduced"] for f in foreign) > 0
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    resent = [e for e in events if e["type"] == "request_start" and e["arm"] == "isolation"]
+    assert len(resent) == 8 * len({f["request"] for f in foreign})
+
+
+async def test_isolate_says_why_a_finding_about_the_server_is_not_isolated(tmp_path):
+    handle = await start_refserver(port=0, fault="slow_hits", prefill_us_per_token=200.0)
+    log = tmp_path / "run.jsonl"
+    small = scenario(tmp_path, '[scenario]\nphases = ["cold_hit"]\n[evidence]\nmemo_tokens = 300\n')
+    try:
+        result = await run_hitproof("run", "--attach", handle.url, "--scenario", str(small), "--headless",
+                                    "--isolate", "--record", str(log))
+    finally:
+        await handle.close()
+    assert result.code == 0, result.out + result.err
+    slow = [f for f in report_json(log)["findings"] if f["kind"] == "hit_not_faster"]
+    assert slow and slow[0]["isolation"]["verdict"] == "not_isolated"
+    assert slow[0]["isolation"]["detail"].startswith("not isolated: timing is judged")
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert not [e for e in events if e["type"] == "request_start" and e["arm"] == "isolation"]

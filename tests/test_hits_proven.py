@@ -76,7 +76,8 @@ async def test_quick_soak_with_stripped_cached_tokens_never_passes_unproven(tmp_
 
 async def test_a_cache_that_matches_token_by_token_passes_clean(tmp_path):
     # SGLang's radix cache (page size 1): a fresh memo still shares "<bos>Memo m0" with earlier ones
-    handle = await start_refserver(port=0, fault="none", block_size=1)
+    # (the capacity is in blocks: 65,536 one-token blocks hold what 4,096 blocks of 16 do)
+    handle = await start_refserver(port=0, fault="none", block_size=1, num_blocks=65536)
     try:
         result, log = await _run(handle.url, QUICK, tmp_path)
     finally:

@@ -184,3 +184,46 @@ async def test_agent_replay_clean_then_corrupted(vllm, tmp_path):
     first_hit = next(e["request"] for e in events if e["type"] == "request_end" and arms[e["request"]] == "main"
                      and e["cached_tokens"])
     assert rep and rep[0]["phase"] == "agent_replay" and rep[0]["request"] == first_hit
+
+
+COUNTER_SCENARIO = """
+[scenario]
+phases = ["cold_hit", "conversation", "rotation"]
+[evidence]
+memo_tokens = 520
+recall_max_tokens = 20
+turn_max_tokens = 12
+[phases.rotation]
+slots = 4
+rounds = 3
+memo_tokens = 520
+tasks = ["recall"]
+[phases.conversation]
+turns = 2
+"""
+
+
+async def test_vllm_without_prompt_tokens_details_never_passes_with_unproven_hits(tmp_path):
+    # vLLM's default: no per-request cached tokens. Its counters still move: hitproof attributes
+    # them to requests; a PASS must rest on hits that were proven that way, never on unknowns.
+    server = BackgroundServer("vllm", without=("--enable-prompt-tokens-details",)).start()
+    log = tmp_path / "counter.jsonl"
+    try:
+        result = await run_hitproof("run", "--attach", server.url, "--scenario",
+                                    str(scenario(tmp_path, COUNTER_SCENARIO)), "--headless", "--record", str(log),
+                                    timeout=1800)
+    finally:
+        server.stop()
+    print(result.out[-3000:])
+    report = report_json(log)
+    assert result.code in (0, 4), result.out + result.err
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert next(e for e in events if e["type"] == "server")["cached_report"] == "counter"
+    ends = [e for e in events if e["type"] == "request_end"]
+    assert ends and all(e["cached_source"] != "request" for e in ends)
+    for name, phase in report["phases"].items():
+        if phase["status"] == "pass":
+            assert phase["hits"] > 0 and "by counter" in phase["hits_proven"], (name, phase)
+    # measured here: every request of these phases was attributed (sequential ones exactly, rotation
+    # rounds as lower bounds), so the run passes on proven hits
+    assert report["verdict"] == "pass", report["phases"]

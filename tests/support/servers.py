@@ -13,9 +13,10 @@ from tui.core.launch import ServerProcess, free_port
 
 
 class BackgroundServer:
-    def __init__(self, engine: str, model: str = "gemma3-270m"):
+    def __init__(self, engine: str, model: str = "gemma3-270m", *, without: tuple[str, ...] = ()):
         self.engine = engine
         self.model = model
+        self.without = without            # flags of the embedded command to leave out
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=f"{engine}-server", daemon=True)
         self.server: ServerProcess | None = None
@@ -30,7 +31,8 @@ class BackgroundServer:
         prepare(self.engine, model=self.model, progress=lambda line: print(f"[setup {self.engine}] {line}"))
         spec = launch_spec(self.engine, port=free_port(), model=self.model)
         self.thread.start()
-        self.server = ServerProcess(spec.argv, url=spec.url, env=spec.env)
+        argv = [arg for arg in spec.argv if arg not in self.without]
+        self.server = ServerProcess(argv, url=spec.url, env=spec.env)
         self.url = spec.url
         self._call(self.server.start(), 60)
         try:

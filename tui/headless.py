@@ -13,6 +13,7 @@ from rich.text import Text
 from .core.events import (Event, Finding, IsolationFinished, IsolationStarted, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted,
                           RunFinished, ServerInfo, ServerLog)
 from .core.formats import _kv, _sampling, _settings
+from .core.latency import table_lines
 from .core.power import power_line
 from .core.report import RunReport
 
@@ -119,6 +120,9 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
             lines.append(Text(f"  determinism: {d['kind']} (hit vs cold {d['hit_vs_cold']}, hit vs hit "
                               f"{d['hit_vs_hit']}, cold vs cold {d['cold_vs_cold']}, short control "
                               f"{d['short_control']})"))
+    percentiles = table_lines(report.latency, report.phases)
+    if percentiles:
+        lines.append(Text("\n".join(percentiles)))
     shown = [f for f in report.findings if show_info or f.severity != "info"]
     if shown:
         lines.append(Text("findings:", style="bold"))

@@ -117,9 +117,10 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
                               f"({phase['ttft_cut_pct']}% cut)"))
         if name == "determinism" and phase.get("determinism"):
             d = phase["determinism"]
-            lines.append(Text(f"  determinism: {d['kind']} (hit vs cold {d['hit_vs_cold']}, hit vs hit "
-                              f"{d['hit_vs_hit']}, cold vs cold {d['cold_vs_cold']}, short control "
-                              f"{d['short_control']})"))
+            at = lambda key: "none" if d.get(key) is None else f"char {d[key]}"   # noqa: E731
+            lines.append(Text(f"  determinism: {d['kind']} (first divergence: hit vs cold {at('hit_vs_cold')}, "
+                              f"hit vs hit {at('hit_vs_hit')}, cold vs cold {at('cold_vs_cold')}, short control "
+                              f"{at('short_control')})"))
     percentiles = table_lines(report.latency, report.phases)
     if percentiles:
         lines.append(Text("\n".join(percentiles)))

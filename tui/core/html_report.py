@@ -33,9 +33,11 @@ MAX_DOTS = 300                # dots per phase and path in the TTFT chart (more:
 MAX_TIMELINE = 1200           # points per line on the timeline (more: bucketed)
 MAX_TURNS = 400               # bars per turn chart (more: bucketed)
 MAX_ANSWER = 4000             # characters of an answer shown (around the first mark)
+MAX_FINDINGS_DETAILED = 200   # findings shown with their answers (fail first); the next ones as table rows
+MAX_FINDINGS_LISTED = 2000    # findings on the page (and on the timeline) at most
 NAN = float("nan")
 
-COLORS = {"cold": "#1f5fbf", "hit": "#e8590c", "prompt": "#c9d1d9", "cached": "#2b8a3e", "control": "#e8590c",
+COLORS = {"cold": "#1f5fbf", "hit": "#e8590c", "prompt": "#c9d1d9", "cached": "#37b24d", "control": "#e8590c",
           "rate": "#6f42c1", "interval": "#6f42c1", "kv": "#0b7285", "fail": "#d00000", "warn": "#d9a100",
           "info": "#868e96"}
 
@@ -122,12 +124,13 @@ _HANDLERS = {MetricsSample: HtmlFold._on_metrics, PhaseStarted: HtmlFold._on_pha
              RequestFinished: HtmlFold._on_request_end, Finding: HtmlFold._on_finding}
 
 
-def read_log(path: str | Path, warnings: list[str] | None = None) -> tuple[RunReport, HtmlFold]:
+def read_log(path: str | Path, warnings: list[str] | None = None,
+             window: int = TEXT_WINDOW) -> tuple[RunReport, HtmlFold]:
     """One pass for the report and the fold; a second, over request ends only, when a finding
     names a request that had left the answer window (rare: findings follow their request)."""
     from .recorder import iter_log
 
-    report, fold = RunReport(), HtmlFold()
+    report, fold = RunReport(), HtmlFold(window)
     for event in iter_log(path, warnings, only=READ_TYPES):
         report.feed(event)
         fold.feed(event)
@@ -605,14 +608,17 @@ def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
                      key=lambda i: ({"fail": 0, "warn": 1, "info": 2}.get(report.findings[i].severity, 3),
                                     report.findings[i].seq))
     out.append('<h2 id="timeline">Hit rate and KV usage over time</h2>')
-    out.append(timeline_chart(fold, report.findings, report.last_t))
+    detailed, listed = ordered[:MAX_FINDINGS_DETAILED], ordered[MAX_FINDINGS_DETAILED:MAX_FINDINGS_LISTED]
+    marked = sorted(detailed + listed)                     # on the timeline: every finding the page shows
+    out.append(timeline_chart(fold, [report.findings[i] for i in marked], report.last_t,
+                              anchors={k: f"finding-{i}" for k, i in enumerate(marked)}))
 
     # findings
     c = {s: sum(1 for f in report.findings if f.severity == s) for s in ("fail", "warn", "info")}
     out.append(f'<h2 id="findings">Findings ({c["fail"]} fail, {c["warn"]} warn, {c["info"]} info)</h2>')
     if not ordered:
-        out.append('<p class="none">None.</p>')
-    for index in ordered:
+        out.append('<p class="none">No findings.</p>')
+    for index in detailed:
         f = report.findings[index]
         out.append(f'<div class="finding {_e(f.severity)}" id="finding-{index}"><p><span class="sev {_e(f.severity)}">'
                    f'{_e(f.severity)}</span> <b>{_e(f.kind)}</b> at {_e(_where(f))}, {f.t:.1f} s: {_e(f.detail)}</p>')
@@ -634,13 +640,27 @@ def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
             out.append(f'<p class="small">the cold control (request {_e(f.evidence.get("control_request"))}) '
                        f'answered:</p><pre class="answer">{html.escape(str(control))}</pre>')
         iso = report.isolations.get(f.request) if f.request is not None else None
-        if iso is not None:
-            out.append(f'<p>isolation: <b>{_e(iso.verdict)}</b>, reproduced on {iso.reproduced}/{iso.hit_runs} hits '
-                       f'and {iso.cold_reproduced}/{iso.cold_runs} cold; {_e(iso.detail)}</p>')
+        if iso is not None and f.severity in ("fail", "warn"):
+            out.append(f'<p>isolation of request {f.request} (re-run for {_e(iso.kind)}): <b>{_e(iso.verdict)}</b>, '
+                       f'reproduced on {iso.reproduced}/{iso.hit_runs} hits and {iso.cold_reproduced}/{iso.cold_runs} '
+                       f'cold; {_e(iso.detail)}</p>')
         if f.evidence:
             out.append(f'<details><summary class="small">evidence</summary><pre class="answer">'
                        f'{_e(json.dumps(f.evidence, ensure_ascii=False, indent=1, default=str))}</pre></details>')
         out.append("</div>")
+
+    if listed:
+        out.append(f'<p class="small">{len(listed)} more findings, without their answers:</p><table class="more">'
+                   '<tr><th>severity</th><th>kind</th><th>where</th><th>t</th><th>detail</th></tr>')
+        for index in listed:
+            f = report.findings[index]
+            out.append(f'<tr id="finding-{index}"><td class="sev {_e(f.severity)}">{_e(f.severity)}</td>'
+                       f'<td>{_e(f.kind)}</td><td>{_e(_where(f))}</td><td class="n">{f.t:.1f} s</td>'
+                       f'<td>{_e(f.detail[:300])}</td></tr>')
+        out.append("</table>")
+    if len(ordered) > MAX_FINDINGS_LISTED:
+        out.append(f'<p class="none">{len(ordered) - MAX_FINDINGS_LISTED} more findings are in the log and in '
+                   f'`hitproof report --format json`; not on this page.</p>')
 
     # power
     counts = evidence_counts(report)
@@ -648,8 +668,8 @@ def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
                + "".join(f"<li><b>{_e(name)}</b>: {_e(counts[name]['sentence'])}</li>" for name, _, _ in KINDS)
                + "</ul>")
     tool = header.tool.get("version") if header else None
-    out.append(f'<p class="small">hitproof {_e(tool or "")}; a self-contained page: no script, no network.</p>'
-               "</body></html>\n")
+    out.append(f'<p class="small">hitproof{" " + _e(tool) if tool else ""}: a self-contained page, no script, '
+               "no network.</p></body></html>\n")
     return "".join(out)
 
 

@@ -143,7 +143,8 @@ async def test_real_vllm_log_page_is_self_contained_and_its_charts_hold_the_log(
     first, last = known[0], known[-1]
     overall = 100 * (last["vllm:prefix_cache_hits_total"] - first["vllm:prefix_cache_hits_total"]) / \
         (last["vllm:prefix_cache_queries_total"] - first["vllm:prefix_cache_queries_total"])
-    top, bottom = 44, 280 - 36
+    grid = {int(g.get("data-pct")): float(g.get("y1")) for g in find(timeline, "line", "grid") if g.get("data-pct")}
+    top, bottom = grid[100], grid[0]
     assert _points(rate)[-1][1] == pytest.approx(bottom - overall / 100 * (bottom - top), abs=0.1)
 
 

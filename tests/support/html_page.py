@@ -101,3 +101,24 @@ def screenshot(html_file: Path, png: Path, width: int = 1000, height: int = 2600
 
 def colours(png: Path):
     return colour_counts(png)
+
+
+def check_report_page(log: Path, folder: Path) -> Page:
+    """`hitproof report LOG --format html` of a recorded soak: a self-contained page whose three
+    charts are there, rendered by headless Chromium with each series' colour on screen."""
+    from support.cli import hitproof_argv, ROOT
+    from tui.core.html_report import COLORS
+
+    out = folder / "report.html"
+    result = subprocess.run(hitproof_argv("report", str(log), "--format", "html", "--output", str(out)), cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    page = parse_page(out.read_text(encoding="utf-8"))
+    assert_self_contained(page)
+    assert {"ttft", "turns", "timeline"} <= set(page.charts), list(page.charts)
+    assert find(page.charts["ttft"][0], "circle", "cold") and find(page.charts["ttft"][0], "circle", "hit")
+    assert find(page.charts["timeline"][0], "polyline", "rate")
+    seen = colours(screenshot(out, folder / "report.png"))
+    for name in ("cold", "hit", "cached", "rate"):
+        assert seen[COLORS[name]] >= 50, (name, seen[COLORS[name]])
+    return page

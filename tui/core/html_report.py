@@ -371,8 +371,8 @@ def timeline_chart(fold: HtmlFold, findings: Sequence[Finding], duration: float,
     begin = min(firsts) if firsts else 0.0
     begin = _nice_step(end - begin, 8) * math.floor(begin / _nice_step(end - begin, 8)) if begin > 0 else 0.0
     span_s = max(end - begin, 1e-3)
-    left, right, top, bottom = 50, 20, 44, 36
-    height = 280
+    left, right, top, bottom = 50, 20, 58, 36
+    height = 294
     plot_w, plot_h = width - left - right, height - top - bottom
 
     def x(t: float) -> float:
@@ -384,8 +384,10 @@ def timeline_chart(fold: HtmlFold, findings: Sequence[Finding], duration: float,
     rate_name = {"vllm": "vllm:prefix_cache_hits / queries", "llamacpp": "llamacpp: cached / (cached + processed) "
                  "prompt tokens"}.get(fold.counters or "", "no hit counters reported")
     kv_note = "KV cache usage (teal)" if points["kv"] else "KV cache usage: not reported by this server"
-    body = [f'<text x="{left}" y="14" class="axis-title">hit rate, cumulative (purple line) and per interval '
-            f'(dots), from {_e(rate_name)}; {_e(kv_note)}; findings as vertical lines</text>']
+    body = [f'<text x="{left}" y="14" class="axis-title">hit rate (purple): cumulative line, per-interval dots; '
+            f'from {_e(rate_name)}</text>',
+            f'<text x="{left}" y="29" class="axis-title">{_e(kv_note)}; each finding a vertical line in its '
+            f'severity\'s colour, linked to its entry</text>']
     for i, (phase, (start, stop)) in enumerate(fold.phase_spans.items()):
         x0, x1 = x(start or 0.0), x(stop if stop is not None else end)
         body.append(f'<rect class="phase-band" x="{x0:.1f}" y="{top}" width="{max(x1 - x0, 0.5):.1f}" '
@@ -396,8 +398,9 @@ def timeline_chart(fold: HtmlFold, findings: Sequence[Finding], duration: float,
             body.append(f'<text class="tick phase-name" x="{(x0 + x1) / 2:.1f}" y="{top - 6}" '
                         f'text-anchor="middle">{_e(label)}</text>')
     for pct in (0, 25, 50, 75, 100):
-        body.append(f'<line class="grid" x1="{left}" y1="{y(pct):.1f}" x2="{width - right}" y2="{y(pct):.1f}"/>'
-                    f'<text class="tick" x="{left - 6}" y="{y(pct) + 4:.1f}" text-anchor="end">{pct}%</text>')
+        body.append(f'<line class="grid" data-pct="{pct}" x1="{left}" y1="{y(pct):.1f}" x2="{width - right}" '
+                    f'y2="{y(pct):.1f}"/><text class="tick" x="{left - 6}" y="{y(pct) + 4:.1f}" '
+                    f'text-anchor="end">{pct}%</text>')
     step = _nice_step(span_s, 8)
     for tick in [begin + i * step for i in range(int(span_s / step + 1e-6) + 1)]:
         body.append(f'<text class="tick" x="{x(tick):.1f}" y="{top + plot_h + 14}" text-anchor="middle">'
@@ -541,7 +544,8 @@ def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
                f'{report.last_t:.1f} s; scenario {_e(scenario)}'
                + (f'; {_e(server.dialect)} {_e(server.version or "version unknown")}, model {_e(server.model)} '
                   f'at {_e(server.url)}' if server else "")
-               + (f'; run {_e(header.run_id)}, started {_e(header.started_at)}' if header else "") + '.</p>')
+               + (f'; run {_e(header.run_id)}' if header and header.run_id else "")
+               + (f', started {_e(header.started_at)}' if header and header.started_at else "") + '.</p>')
     if report.warning:
         out.append(f'<p class="status-inconclusive">Warning: {_e(report.warning)}</p>')
 

@@ -203,11 +203,11 @@ def ttft_chart(series: dict[str, dict[str, Sequence[float]]], width: int = 900) 
     """Per phase two lanes (cold, hit) on one log-scale time axis: a dot per request (at most
     MAX_DOTS, evenly spaced ranks beyond), a line from min to max, a bar from p50 to p90 and ticks
     at p50 and p99. `series`: phase -> {"cold": seconds, "hit": seconds}."""
-    lanes = [(phase, arm, sorted(values[arm])) for phase, values in series.items() for arm in ARMS
-             if values.get(arm)]
+    lanes = [(phase, arm, sorted(v for v in values[arm] if v > 0)) for phase, values in series.items()
+             for arm in ARMS if any(v > 0 for v in values.get(arm) or ())]
     if not lanes:
         return '<p class="none">No TTFT was measured on a request with known cached tokens.</p>'
-    every = [v for _, _, vs in lanes for v in vs if v > 0]
+    every = [v for _, _, vs in lanes for v in vs]
     low = 10 ** (math.floor(math.log10(min(every)) * 2) / 2)
     high = 10 ** (math.ceil(math.log10(max(every)) * 2) / 2)
     if high <= low:

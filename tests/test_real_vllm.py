@@ -11,6 +11,7 @@ import pytest
 
 from support.cli import ROOT, report_json, run_hitproof, scenario
 from support.corrupting_proxy import CorruptingProxy
+from support.html_page import check_report_page
 from support.servers import BackgroundServer
 
 pytestmark = pytest.mark.realserver
@@ -48,6 +49,7 @@ async def test_quick_soak_passes_with_hits_proven(vllm, tmp_path):
     assert all(c % grid == 0 for c in cached)          # hits come in whole blocks
     turns = report["phases"]["conversation"]["cached_by_turn"]
     assert all(b > a for a, b in zip(turns, turns[1:])), turns
+    check_report_page(log, tmp_path)                 # report --format html, rendered by headless Chromium
 
 
 SMALL = """

@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="summarize a recorded soak log")
     report.add_argument("log", metavar="LOG")
-    report.add_argument("--format", choices=("text", "markdown", "json", "junit"), default="text")
+    report.add_argument("--format", choices=("text", "markdown", "json", "junit", "html"), default="text")
     report.add_argument("--output", metavar="FILE", help="write the report to FILE instead of standard output")
 
     refserver = sub.add_parser("refserver", help="the reference fault server (an OpenAI-compatible test server)")
@@ -328,9 +328,16 @@ def _report(args, console: Console) -> int:
     from .headless import report_text
 
     warnings: list[str] = []
-    report = RunReport.from_events(iter_log(args.log, warnings, only=FED_TYPES))
+    fold = None
+    if args.format == "html":                 # also reads metrics samples (tui.core.html_report)
+        from .core.html_report import read_log, to_html
+        report, fold = read_log(args.log, warnings)
+    else:
+        report = RunReport.from_events(iter_log(args.log, warnings, only=FED_TYPES))
     report.warning = warnings[0] if warnings else None
-    if args.format == "json":
+    if fold is not None:
+        text = to_html(report, fold)
+    elif args.format == "json":
         data = report.to_json()
         data["power"] = power_json(report)
         data["incident"] = ((report.header.target if report.header else None) or {}).get("incident") or None

@@ -13,6 +13,7 @@ from rich.text import Text
 from .core.events import (Event, Finding, IsolationFinished, IsolationStarted, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted,
                           RunFinished, ServerInfo, ServerLog)
 from .core.formats import _determinism_line, _kv, _sampling, _settings
+from .core.latency import table_lines
 from .core.power import power_line
 from .core.report import RunReport
 
@@ -119,6 +120,9 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
                               f"({phase['ttft_cut_pct']}% cut)"))
         if name == "determinism" and phase.get("determinism"):
             lines.append(Text(f"  {_determinism_line(report)}"))
+    percentiles = table_lines(report.latency, report.phases)
+    if percentiles:
+        lines.append(Text("\n".join(percentiles)))
     shown = [f for f in report.findings if show_info or f.severity != "info"]
     if shown:
         lines.append(Text("findings:", style="bold"))

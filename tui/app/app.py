@@ -16,7 +16,7 @@ from ..core import events as ev
 from ..core.errors import EXIT_INTERRUPTED
 from .model import RunModel
 from .screens import IsolationProgress, RequestDetail
-from .widgets import FindingsTable, MetricsStrip, PhaseList, SlotGrid, SlotPanel
+from .widgets import FindingsTable, MetricsStrip, PhaseList, SlotGrid, SlotPanel, TtftHistogram
 
 FRAME_RATE = 24          # frames per second at most; events are folded in between frames
 
@@ -90,6 +90,7 @@ class HitproofApp(App):
             with Vertical(id="left"):
                 yield PhaseList(id="phases")
                 yield Static(id="totals")
+                yield TtftHistogram(id="ttft")
             yield SlotGrid(id="slots")
         yield MetricsStrip(id="metrics")
         yield FindingsTable(id="findings")
@@ -123,6 +124,7 @@ class HitproofApp(App):
         self._totals_shown = self._title_shown = None
         self.query_one(MetricsStrip)._drawn = None
         self.query_one(PhaseList)._drawn = None
+        self.query_one(TtftHistogram)._drawn = None
         self.query_one("#server-log", Log).clear()
         self.draw_frame()
 
@@ -144,8 +146,8 @@ class HitproofApp(App):
         if w is None:
             w = self._widgets = (self.query_one("#title", Static), self.query_one(PhaseList),
                                  self.query_one("#totals", Static), self.query_one(SlotGrid),
-                                 self.query_one(MetricsStrip), self.query_one(FindingsTable))
-        title, phases, totals, slots, metrics, findings = w
+                                 self.query_one(MetricsStrip), self.query_one(FindingsTable), self.query_one(TtftHistogram))
+        title, phases, totals, slots, metrics, findings, ttft = w
         title_text = self._title()
         if title_text != self._title_shown:
             self._title_shown = title_text
@@ -159,6 +161,7 @@ class HitproofApp(App):
             self._drawn_version = -1                              # a slot put its repaint off: next frame
         metrics.show(model)
         findings.show(model)
+        ttft.show(model)
         if model.server_log_total > self._log_shown:
             log = self.query_one("#server-log", Log)
             new = min(model.server_log_total - self._log_shown, len(model.server_log))

@@ -7,6 +7,7 @@ from textual.containers import Grid, VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
+from ..core.latency import LatencyFold, format_seconds, histogram, percentile
 from .model import RunModel
 from .render import metrics_line, phase_table, slot_panel
 
@@ -149,3 +150,49 @@ class MetricsStrip(Static):
 
 def _dash(value) -> str:
     return "-" if value is None else str(value)
+
+
+TTFT_STYLE = {"cold": "dodger_blue1", "hit": "dark_orange"}
+_BARS = " ▁▂▃▄▅▆▇█"
+
+
+def ttft_histogram(latency: LatencyFold, bins: int = 12) -> Text:
+    """TTFT cold vs hit of the run's main-arm requests (every phase), one histogram line each on
+    shared log-scale bins: a column's height is its count relative to that path's fullest bin."""
+    series = {arm: latency.all_values(arm) for arm in ("cold", "hit")}
+    edges, counts = histogram(series, bins)
+    out = Text("TTFT ", style="bold")
+    if not edges:
+        out.append("none yet", style="grey50")
+        return out
+    out.append(f"{format_seconds(edges[0])}..{format_seconds(edges[-1])}", style="grey70")
+    for arm in ("cold", "hit"):
+        row = counts[arm]
+        top = max(row) if row else 0
+        out.append(f"\n{arm:<5}")
+        for c in row:
+            if not c:
+                out.append("·", style="grey30")
+            else:
+                out.append(_BARS[max(1, -(-c * 8 // top))], style=TTFT_STYLE[arm])
+        out.append(f" {len(series[arm])}", style="grey70")
+    out.append("\np50 ", style="grey70")
+    for arm in ("cold", "hit"):
+        values = series[arm]
+        out.append(format_seconds(percentile(sorted(values), 0.5)) if values else "-", style=TTFT_STYLE[arm])
+        if arm == "cold":
+            out.append(" / ", style="grey70")
+    return out
+
+
+class TtftHistogram(Static):
+    """The TTFT histogram (cold vs hit), redrawn only when a new TTFT arrives."""
+
+    _drawn: int | None = None
+
+    def show(self, model: RunModel) -> None:
+        latency = model.report.latency
+        if latency.version == self._drawn:
+            return
+        self._drawn = latency.version
+        self.update(ttft_histogram(latency), layout=False)         # four lines, fixed height

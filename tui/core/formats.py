@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from .events import Finding
+from .latency import ARMS, STAT_KEYS, format_ms
 from .power import KINDS, evidence_counts, power_line, rotation_slots, sizing_sentence
 from .report import RunReport
 
@@ -154,6 +155,7 @@ def to_markdown(report: RunReport) -> str:
     timing = _ttft_lines(report) + [x for x in [_determinism_line(report)] if x]
     if timing:
         lines += ["### Timing and determinism", ""] + [f"- {t}" for t in timing] + [""]
+    lines += ttft_markdown(report)
 
     ordered = _sorted_findings(report)
     c = {s: sum(1 for f in ordered if f.severity == s) for s in SEVERITY_ORDER}
@@ -179,6 +181,30 @@ def to_markdown(report: RunReport) -> str:
     lines += [f"- **{name}**: {counts[name]['sentence']}" for name, _, _ in KINDS]
     lines += [f"- sizing: {sizing_sentence(0.01, 0.95, rotation_slots(report))}", ""]
     return "\n".join(lines)
+
+
+def ttft_rows(report: RunReport) -> list[list[str]]:
+    """[phase, path, n, min, p50, p90, p99, max] (ms) per phase and path with samples; '-' when unknown."""
+    rows = []
+    names = list(dict.fromkeys([*report.phases, *report.latency.phases()]))
+    for name in names:
+        stats = report.latency.phase(name)
+        for arm in ARMS:
+            d = stats[arm]
+            if d["n"]:
+                rows.append([name, arm, str(d["n"])] + [format_ms(d[k]) for k in STAT_KEYS[1:]])
+        if stats["unknown_cached"]:
+            rows.append([name, "unknown cached", str(stats["unknown_cached"])] + ["-"] * 5)
+    return rows
+
+
+def ttft_markdown(report: RunReport) -> list[str]:
+    rows = ttft_rows(report)
+    if not rows:
+        return []
+    return ["### TTFT percentiles (ms)", "",
+            "Main-arm requests; cold = 0 cached tokens, hit = more; unknown cached tokens count as neither.", ""] \
+        + _table(["phase", "path", "n", "min", "p50", "p90", "p99", "max"], rows) + [""]
 
 
 # --- incident record (header target.incident; tui.core.incident) ------------------------------

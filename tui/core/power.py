@@ -102,6 +102,13 @@ def proven_hit(e) -> bool:
     return proven > (e.cold_tolerance or 0)
 
 
+def proven_cold(e) -> bool:
+    """A request end proves a cold request: it reused at most the tokens before the run nonce
+    (its exact count, or the upper bound a counter proved)."""
+    known = e.cached_tokens if e.cached_tokens is not None else e.cached_max
+    return known is not None and known <= (e.cold_tolerance or 0)
+
+
 class EvidenceTally:
     """Hits checked per kind of evidence and the fail-class faults among them, folded from the event
     stream as it goes (the engine's power target and every report count with this one definition).

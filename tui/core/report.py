@@ -11,6 +11,7 @@ from typing import Any, Iterable, Iterator
 from .events import (Event, Finding, FingerprintCompared, IsolationFinished, PhaseFinished, PhaseStarted,
                      PowerJudged, RequestFinished, RequestStarted, RunFinished, RunHeader, ServerInfo)
 from .power import EvidenceTally, proven_hit
+from .latency import LatencyFold
 from .verdicts import exit_code, run_verdict
 
 FINDING_KEYS = ("kind", "severity", "phase", "slot", "round", "request", "offset", "detail")
@@ -33,6 +34,7 @@ class RunReport:
     end: RunFinished | None = None
     warning: str | None = None
     last_t: float = 0.0
+    latency: LatencyFold = field(default_factory=LatencyFold)    # TTFT cold vs hit per phase (tui.core.latency)
 
     def feed(self, event: Event) -> None:
         if event.t > self.last_t:
@@ -61,9 +63,11 @@ class RunReport:
 
     def _on_request_start(self, event: RequestStarted) -> None:
         self.starts.add(event)
+        self.latency.start(event)
 
     def _on_request_end(self, event: RequestFinished) -> None:
         self.ends.add(event)
+        self.latency.end(event)
 
     def _on_finding(self, event: Finding) -> None:
         self.findings.append(event)
@@ -116,7 +120,7 @@ class RunReport:
             "message": self.end.message if self.end else (self.warning or "the log ends before the run did"),
             "requests": len(self.starts),
             "cache_hits": self.cache_hits(),
-            "phases": self.phases,
+            "phases": {name: {**phase, "ttft": self.latency.phase(name)} for name, phase in self.phases.items()},
             "findings": [self._finding(f) for f in self.findings],
             "run": {
                 "run_id": self.header.run_id if self.header else None,

@@ -100,8 +100,8 @@ def codes_registry() -> dict[str, str]:
 
 
 async def hitproof_stream(args, stream: int, out: dict, client, bus, registry) -> None:
-    from tui.core.client import RequestSpec
-    from tui.core.requests import DeltaCoalescer, evaluate
+    from tui.core.server.client import RequestSpec
+    from tui.core.soak.requests import DeltaCoalescer, evaluate
 
     own = next(iter(registry))
     spec = RequestSpec(api="completions", prompt=prompt_of(args.prompt_chars, stream), max_tokens=args.chunks,
@@ -127,8 +127,8 @@ async def run(args) -> dict:
         tasks = [raw_stream(args, s, out) for s in range(args.streams)]
         closer = None
     else:
-        from tui.core.client import OpenAIClient
-        from tui.core.events import EventBus
+        from tui.core.server.client import OpenAIClient
+        from tui.core.log.events import EventBus
 
         client = OpenAIClient(f"http://127.0.0.1:{args.port}")
         bus = EventBus()

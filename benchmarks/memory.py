@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 import tui.app.app  # noqa: E402,F401
 import tui.runner  # noqa: E402,F401
 from tui.app.model import RunModel  # noqa: E402
-from tui.core import events as ev  # noqa: E402
-from tui.core.recorder import Recorder  # noqa: E402
+from tui.core.log import events as ev
+from tui.core.log.recorder import Recorder  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SLOTS = 4

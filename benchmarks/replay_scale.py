@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tui.core import events as ev  # noqa: E402
+from tui.core.log import events as ev
 
 SLOTS = 4
 # sentinels stamped into the encoded events, then replaced by format fields

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tui.core import events as ev  # noqa: E402
+from tui.core.log import events as ev
 
 WORDS = [" pallet", " invoice", " the", " ledger", " was", " reconciled", " on", " Tuesday", " by", " night", "."]
 CHUNKS_PER_ANSWER = 120

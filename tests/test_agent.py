@@ -5,9 +5,9 @@ import json
 import pytest
 
 from support.cli import ROOT, report_json, run_hitproof, scenario
-from tui.core.agent import generate, load_capture
-from tui.core.errors import BadInput
-from tui.core.tokens import estimate_tokens
+from tui.core.evidence.agent import generate, load_capture
+from tui.core.config.errors import BadInput
+from tui.core.evidence.tokens import estimate_tokens
 from tui.refserver import start_refserver
 
 AGENT = str(ROOT / "scenarios" / "agent-quick.toml")

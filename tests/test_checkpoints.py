@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from tui.core.checkpoints import KINDS, CheckpointEvent, parse_checkpoint_config, parse_checkpoint_line
+from tui.core.server.checkpoints import KINDS, CheckpointEvent, parse_checkpoint_config, parse_checkpoint_line
 
 # -- Qwen3-Next (gated delta-net + attention) --------------------------------------------------
 QWEN_CREATED = "0.03.992.244 I slot create_check: id  1 | task 0 | created context checkpoint 1 of 32 (pos_min = 2524, pos_max = 2524, n_tokens = 2525, size = 0.111 MiB)"

@@ -3,8 +3,8 @@
 import random
 import re
 
-from tui.core.checks import (check_recall, classify_determinism, find_foreign_codes, find_repetition,
-                             first_divergence, is_empty, wrong_task)
+from tui.core.checks.detectors import (check_recall, classify_determinism, find_foreign_codes, find_repetition,
+                                       first_divergence, is_empty, wrong_task)
 
 CODE = "7395-2841-6620"
 OTHER = "4817-3590-2764"
@@ -121,7 +121,7 @@ def test_determinism_kernel_nondeterminism_shows_both_offsets():
 
 
 def test_isolation_classification_counts():
-    from tui.core.isolation import classify
+    from tui.core.soak.isolation import classify
     assert classify("foreign_code", 4, 0, 0)[0] == "leak"
     assert classify("foreign_code", 4, 4, 0)[0] == "leak"
     verdict, detail = classify("recall_miss", 4, 3, 0)
@@ -140,7 +140,7 @@ def test_isolation_classification_counts():
 
 
 def test_isolation_is_only_for_kinds_about_one_answer():
-    from tui.core.isolation import why_not_isolated
+    from tui.core.soak.isolation import why_not_isolated
     for kind in ("foreign_code", "foreign_state", "recall_miss", "empty_answer", "repetition", "wrong_task",
                  "cache_path_divergence", "fingerprint_mismatch"):
         assert why_not_isolated(kind) is None, kind
@@ -149,7 +149,7 @@ def test_isolation_is_only_for_kinds_about_one_answer():
 
 
 def test_false_alarm_odds_of_one_foreign_group():
-    from tui.core.checks import false_alarm_odds, four_digit_numbers
+    from tui.core.checks.detectors import false_alarm_odds, four_digit_numbers
     assert four_digit_numbers(" 7395-2841-6620. Also 12345 and 1999.") == 4
     assert false_alarm_odds(0, 60) == 0.0 and false_alarm_odds(3, 0) == 0.0
     assert abs(false_alarm_odds(1, 90) - 0.01) < 1e-12
@@ -157,7 +157,7 @@ def test_false_alarm_odds_of_one_foreign_group():
 
 
 def test_compare_logprobs_near_tie_and_real_divergence():
-    from tui.core.checks import compare_logprobs
+    from tui.core.checks.detectors import compare_logprobs
     cold = [[" a", -0.1, [[" a", -0.1]]], [" b", -0.50, [[" b", -0.50], [" c", -0.52]]], [" d", -1.0, []]]
     hit_tie = [[" a", -0.1004, []], [" c", -0.51, []], [" e", -1.0, []]]
     cmp = compare_logprobs(cold, hit_tie)
@@ -172,7 +172,7 @@ def test_compare_logprobs_near_tie_and_real_divergence():
 
 
 def test_parse_logprobs_both_shapes():
-    from tui.core.client import parse_logprobs
+    from tui.core.server.client import parse_logprobs
     content = {"content": [{"token": " the", "logprob": -1.59, "top_logprobs": [{"token": " the", "logprob": -1.59},
                                                                               {"token": " a", "logprob": -2.29}]}]}
     assert parse_logprobs(content) == [[" the", -1.59, [[" the", -1.59], [" a", -2.29]]]]
@@ -192,7 +192,7 @@ B = _fp(("x", -0.3, {"x": -0.3, "y": -1.5}), ("z", -0.2, {"z": -0.2, "w": -2.0})
 
 
 def test_fingerprint_exact_match_and_tolerance():
-    from tui.core.checks import fingerprint_match
+    from tui.core.checks.detectors import fingerprint_match
     m = fingerprint_match(A, A, 12)
     assert (m.agreeing, m.same_tokens, m.distance) == (2, True, 0.0) and m.matches(0.0)
     m = fingerprint_match(B, A, 12)
@@ -200,7 +200,7 @@ def test_fingerprint_exact_match_and_tolerance():
 
 
 def test_fingerprint_same_text_different_logprobs_is_told_apart():
-    from tui.core.checks import classify_fingerprint, fingerprint_match
+    from tui.core.checks.detectors import classify_fingerprint, fingerprint_match
     run = B                                  # a hit that reproduces memo B's state, asked as memo A
     own, other = fingerprint_match(run, A, 12), fingerprint_match(run, B, 12)
     assert other.distance == 0.0
@@ -213,7 +213,7 @@ def test_fingerprint_same_text_different_logprobs_is_told_apart():
 
 
 def test_fingerprint_mismatch_when_closer_to_no_other():
-    from tui.core.checks import classify_fingerprint, fingerprint_match
+    from tui.core.checks.detectors import classify_fingerprint, fingerprint_match
     altered = _fp(("x", -0.1, {"x": -0.1, "y": -2.0}), ("q", -0.4, {"q": -0.4, "z": -0.9}))
     own = fingerprint_match(altered, A, 12)
     assert (own.agreeing, own.same_tokens) == (1, False) and own.distance == 0.4
@@ -223,7 +223,7 @@ def test_fingerprint_mismatch_when_closer_to_no_other():
 
 
 def test_fingerprint_only_compares_the_leading_tokens():
-    from tui.core.checks import fingerprint_match
+    from tui.core.checks.detectors import fingerprint_match
     longer = A + _fp(("tail", -3.0, {}))
     assert fingerprint_match(longer, A, 2).same_tokens
     assert not fingerprint_match(longer, A, 3).same_tokens

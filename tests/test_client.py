@@ -5,8 +5,8 @@ import json
 import httpx
 import pytest
 
-from tui.core.client import OpenAIClient, RequestSpec, StreamError
-from tui.core.errors import ServerProblem
+from tui.core.server.client import OpenAIClient, RequestSpec, StreamError
+from tui.core.config.errors import ServerProblem
 
 
 class Chunks(httpx.AsyncByteStream):

@@ -1,8 +1,8 @@
-"""tui.core.enginelog.classify: server output lines that mean trouble, and lines that do not."""
+"""tui.core.server.enginelog.classify: server output lines that mean trouble, and lines that do not."""
 
 import pytest
 
-from tui.core.enginelog import KINDS, SEVERITY, classify, matched_text
+from tui.core.server.enginelog import KINDS, SEVERITY, classify, matched_text
 
 TROUBLE = [
     # vLLM on a GPU (the shapes the field reports quote)

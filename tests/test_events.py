@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from tui.core.errors import BadInput
-from tui.core.events import (SCHEMA_VERSION, EventBus, Finding, RequestFinished, RunHeader, decode, encode)
-from tui.core.recorder import Recorder, read_log
+from tui.core.config.errors import BadInput
+from tui.core.log.events import (SCHEMA_VERSION, EventBus, Finding, RequestFinished, RunHeader, decode, encode)
+from tui.core.log.recorder import Recorder, read_log
 
 
 def test_round_trip_keeps_fields():
@@ -83,16 +83,16 @@ def test_damaged_line_in_the_middle_stops_with_warning(tmp_path):
 
 def _recorded(path, events, tail=""):
     """The log exactly as the Recorder writes it (compact lines), plus an optional raw tail."""
-    from tui.core.recorder import encode_line
+    from tui.core.log.recorder import encode_line
     path.write_bytes(b"".join(encode_line(e) for e in events) + tail.encode())
 
 
 def test_reading_only_some_types_matches_filtering_the_full_read(tmp_path, monkeypatch):
     """`only` skips other lines unparsed (a C-level scan per block); across small blocks the
     events, their order and the line numbers in warnings are those of the full read."""
-    import tui.core.recorder as recorder
-    from tui.core.events import AnswerDelta, MetricsSample, RequestStarted
-    from tui.core.recorder import iter_log
+    import tui.core.log.recorder as recorder
+    from tui.core.log.events import AnswerDelta, MetricsSample, RequestStarted
+    from tui.core.log.recorder import iter_log
     events = [RunHeader(seq=1)]
     for i in range(60):
         events += [RequestStarted(seq=0, request=i, phase="p"), AnswerDelta(request=i, text="x" * (i % 7)),
@@ -109,7 +109,7 @@ def test_reading_only_some_types_matches_filtering_the_full_read(tmp_path, monke
 
 
 def test_reading_only_some_types_still_stops_at_a_damaged_line(tmp_path):
-    from tui.core.recorder import encode_line, iter_log
+    from tui.core.log.recorder import encode_line, iter_log
     for damaged in ('{"type":"finding","se', "garbage that is no event"):
         path = tmp_path / "mid.jsonl"
         path.write_bytes(encode_line(RunHeader(seq=1)) + encode_line(Finding(seq=2, kind="x"))

@@ -4,10 +4,10 @@ import random
 
 import pytest
 
-from tui.core.errors import BadInput
-from tui.core.evidence import CodeBook, CodeOwner, Registry, recall_suffix
-from tui.core.memos import build_memo
-from tui.core.tokens import TokenCounter, estimate_tokens
+from tui.core.config.errors import BadInput
+from tui.core.evidence.text import CodeBook, CodeOwner, Registry, recall_suffix
+from tui.core.evidence.memos import build_memo
+from tui.core.evidence.tokens import TokenCounter, estimate_tokens
 
 
 def test_codes_never_share_a_group():
@@ -43,7 +43,7 @@ async def test_memo_places_code_between_boundaries_and_once():
 
 
 def test_nonce_has_no_digits():
-    from tui.core.evidence import new_nonce
+    from tui.core.evidence.text import new_nonce
     assert not any(ch.isdigit() for ch in new_nonce())
 
 

@@ -7,15 +7,15 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tui.core.engine import Target
-from tui.core.events import (EventBus, Finding, IsolationFinished, PhaseFinished, PhaseStarted, RequestFinished,
-                             RequestStarted, RunFinished, RunHeader, ServerInfo)
-from tui.core.formats import to_junit, to_markdown
+from tui.core.soak.engine import Target
+from tui.core.log.events import (EventBus, Finding, IsolationFinished, PhaseFinished, PhaseStarted, RequestFinished,
+                                 RequestStarted, RunFinished, RunHeader, ServerInfo)
+from tui.core.report.formats import to_junit, to_markdown
 from tui.headless import report_text as to_text
-from tui.core.power import power_json, power_line
-from tui.core.recorder import read_log
-from tui.core.report import RunReport
-from tui.core.scenario import parse_scenario
+from tui.core.report.power import power_json, power_line
+from tui.core.log.recorder import read_log
+from tui.core.report.report import RunReport
+from tui.core.config.scenario import parse_scenario
 from tui.refserver import start_refserver
 from tui.runner import run_soak
 

@@ -22,13 +22,13 @@ from support.app import SCREENSHOTS
 from support.cli import ROOT, run_hitproof
 from support.html_page import assert_self_contained, colours, find, parse_page, screenshot
 from support.png import crop_rows, first_row_with
-from tui.core.engine import Target
-from tui.core.events import EventBus, Finding, MetricsSample, RequestFinished, RequestStarted, RunHeader
-from tui.core.html_report import (COLORS, MAX_DOTS, MAX_FINDINGS_DETAILED, MAX_FINDINGS_LISTED, MAX_TIMELINE,
+from tui.core.soak.engine import Target
+from tui.core.log.events import EventBus, Finding, MetricsSample, RequestFinished, RequestStarted, RunHeader
+from tui.core.report.html import (COLORS, MAX_DOTS, MAX_FINDINGS_DETAILED, MAX_FINDINGS_LISTED, MAX_TIMELINE,
                                   HtmlFold, marked_html, marks_for, read_log, timeline_points, to_html, ttft_chart)
-from tui.core.recorder import encode_line
-from tui.core.report import RunReport
-from tui.core.scenario import load_scenario
+from tui.core.log.recorder import encode_line
+from tui.core.report.report import RunReport
+from tui.core.config.scenario import load_scenario
 from tui.refserver import start_refserver
 from tui.runner import run_soak
 

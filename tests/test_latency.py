@@ -1,4 +1,4 @@
-"""TTFT as a distribution (tui/core/latency.py): percentiles cold vs hit per phase, in the JSON
+"""TTFT as a distribution (tui/core/report/latency.py): percentiles cold vs hit per phase, in the JSON
 report, the text and markdown reports and the app's histogram. From a real vLLM log (the quick
 soak on the embedded vLLM, tests/fixtures/vllm-quick-report.jsonl.gz: the recorded log less the
 event types `report` never reads), from a live reference-server soak, and from hand-built events
@@ -16,11 +16,11 @@ from support.cli import ROOT, run_hitproof
 from tui.app.app import build_app
 from tui.app.replay import ReplaySource
 from tui.app.widgets import TTFT_STYLE, TtftHistogram, ttft_histogram
-from tui.core.events import PhaseFinished, PhaseStarted, RequestFinished, RequestStarted, RunFinished, RunHeader
-from tui.core.formats import to_markdown
-from tui.core.latency import LatencyFold, distribution, histogram, percentile, table_lines
-from tui.core.recorder import iter_log
-from tui.core.report import FED_TYPES, RunReport
+from tui.core.log.events import PhaseFinished, PhaseStarted, RequestFinished, RequestStarted, RunFinished, RunHeader
+from tui.core.report.formats import to_markdown
+from tui.core.report.latency import LatencyFold, distribution, histogram, percentile, table_lines
+from tui.core.log.recorder import iter_log
+from tui.core.report.report import FED_TYPES, RunReport
 from tui.headless import report_text
 
 FIXTURE = ROOT / "tests" / "fixtures" / "vllm-quick-report.jsonl.gz"

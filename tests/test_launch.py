@@ -1,4 +1,4 @@
-"""tui.core.launch.ServerProcess against a tiny fake server (tests/fixtures/fake_server.py)."""
+"""tui.core.server.launch.ServerProcess against a tiny fake server (tests/fixtures/fake_server.py)."""
 
 import asyncio
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tui.core.launch import LaunchError, ServerProcess, free_port
+from tui.core.server.launch import LaunchError, ServerProcess, free_port
 
 FAKE = Path(__file__).parent / "fixtures" / "fake_server.py"
 

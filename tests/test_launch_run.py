@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from support.cli import ROOT, hitproof_argv, report_json, run_hitproof, scenario
-from tui.core.events import EventBus, Finding, PhaseFinished, PhaseStarted, RunFinished, RunHeader, ServerLog
-from tui.core.launch import free_port
+from tui.core.log.events import EventBus, Finding, PhaseFinished, PhaseStarted, RunFinished, RunHeader, ServerLog
+from tui.core.server.launch import free_port
 from tui.runner import ServerLogRelay
 
 SMALL = """
@@ -308,8 +308,8 @@ async def test_app_server_log_pane_shows_the_launched_servers_output(tmp_path):
     from support.app import wait_for
     from tui.app.app import build_app
     from tui.app.sources import LiveSource
-    from tui.core.profiles import parse_profile
-    from tui.core.scenario import parse_scenario
+    from tui.core.server.profiles import parse_profile
+    from tui.core.config.scenario import parse_scenario
     from tui.runner import run_launched
 
     plan = parse_profile(f'name = "ref"\ncommand = "{REFSERVER}"\n', "ref.toml").plan()

@@ -1,7 +1,7 @@
 """Prometheus parsing with vLLM's names; unknown is not zero."""
 
-from tui.core.metrics import (CACHE_CONFIG, PREFIX_HITS, PREFIX_QUERIES, acceptance_length, block_size, delta,
-                              parse_metrics)
+from tui.core.server.metrics import (CACHE_CONFIG, PREFIX_HITS, PREFIX_QUERIES, acceptance_length, block_size, delta,
+                                     parse_metrics)
 
 VLLM_TEXT = """\
 # HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.

@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from tui.core.events import (Finding, PhaseFinished, RequestFinished, RequestStarted, RunFinished, RunHeader)
-from tui.core.power import (binom_cdf, evidence_counts, hits_needed, kind_sentence, power_json, power_line,
-                            rounds_needed, sizing_sentence, upper_bound)
-from tui.core.report import RunReport
+from tui.core.log.events import (Finding, PhaseFinished, RequestFinished, RequestStarted, RunFinished, RunHeader)
+from tui.core.report.power import (binom_cdf, evidence_counts, hits_needed, kind_sentence, power_json, power_line,
+                                   rounds_needed, sizing_sentence, upper_bound)
+from tui.core.report.report import RunReport
 
 ALL_CHECKS = {"foreign": [], "recall": {"status": "exact"}, "empty": False, "repetition": None, "wrong_task": None}
 

@@ -1,5 +1,5 @@
-"""Launch profiles (tui.core.profiles) and what a launch command says for the incident header
-(tui.core.incident): validation with file:line:key errors, {port}/{python}/~ expansion, overlays."""
+"""Launch profiles (tui.core.server.profiles) and what a launch command says for the incident header
+(tui.core.server.incident): validation with file:line:key errors, {port}/{python}/~ expansion, overlays."""
 
 import hashlib
 import os
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tui.core.errors import BadInput
-from tui.core.incident import cache_reuse, command_facts, commit_from, quantization, speculative
-from tui.core.profiles import DEFAULT_STARTUP_TIMEOUT, adhoc_plan, env_of_interest, load_profile, parse_profile
+from tui.core.config.errors import BadInput
+from tui.core.server.incident import cache_reuse, command_facts, commit_from, quantization, speculative
+from tui.core.server.profiles import DEFAULT_STARTUP_TIMEOUT, adhoc_plan, env_of_interest, load_profile, parse_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 

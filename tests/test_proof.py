@@ -2,8 +2,8 @@
 
 import asyncio
 
-from tui.core.metrics import MetricSnapshot
-from tui.core.proof import UNKNOWN, CacheProof, CounterWindows, attribute, quantum, rises
+from tui.core.server.metrics import MetricSnapshot
+from tui.core.soak.proof import UNKNOWN, CacheProof, CounterWindows, attribute, quantum, rises
 
 HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
 

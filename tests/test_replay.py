@@ -9,8 +9,8 @@ from support.cli import ROOT, run_hitproof
 from tui.app.app import build_app
 from tui.app.replay import ReplaySource
 from tui.app.widgets import FindingsTable, SlotPanel
-from tui.core.errors import BadInput
-from tui.core.logindex import LogIndex
+from tui.core.config.errors import BadInput
+from tui.core.log.logindex import LogIndex
 from tui.refserver import start_refserver
 
 QUICK = ROOT / "scenarios" / "quick.toml"

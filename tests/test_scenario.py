@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from tui.core.errors import BadInput
-from tui.core.scenario import PHASE_NAMES, load_scenario, parse_scenario
+from tui.core.config.errors import BadInput
+from tui.core.config.scenario import PHASE_NAMES, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tui.core.checkpoints import parse_checkpoint_line
-from tui.core.launch import ServerProcess, free_port
+from tui.core.server.checkpoints import parse_checkpoint_line
+from tui.core.server.launch import ServerProcess, free_port
 from tui.engines import SetupError, launch_spec, llamacpp, prepare, tiny
 
 TINY = ("qwen3next-tiny", "granite-h-tiny")

@@ -1,4 +1,4 @@
-"""The answer-stream transport (tui/core/transport.py) against a loopback server that writes raw
+"""The answer-stream transport (tui/core/server/transport.py) against a loopback server that writes raw
 HTTP: chunk framing cut at awkward places, other body framings, keep-alive reuse, a server that
 hangs up mid-body, and the arrival stamp taken by the kernel rather than by a busy event loop."""
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tui.core.client import OpenAIClient, RequestSpec, StreamError
+from tui.core.server.client import OpenAIClient, RequestSpec, StreamError
 
 
 def sse_events(texts: list[str], finish: str = "stop") -> list[bytes]:

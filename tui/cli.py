@@ -13,8 +13,8 @@ from pathlib import Path
 from rich.console import Console
 
 from . import __version__
-from .core.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, HitproofError
-from .core.scenario import load_scenario, resolve_scenario_path
+from .core.config.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, HitproofError
+from .core.config.scenario import load_scenario, resolve_scenario_path
 
 ENGINES = ("vllm", "llamacpp")
 
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _size(args, console: Console) -> int:
-    from .core.power import sizing_sentence
+    from .core.report.power import sizing_sentence
 
     if not 0 < args.fault_rate < 1 or not 0 < args.probability < 1 or args.slots < 2:
         raise HitproofError("--fault-rate and --probability must be between 0 and 1, --slots at least 2")
@@ -149,13 +149,13 @@ def _setup(args, err: Console) -> int:
 
 
 def _run(args, console: Console, err: Console, argv: list[str]) -> int:
-    from .core.events import EventBus
-    from .core.report import RunReport
-    from .core.power import power_line
+    from .core.log.events import EventBus
+    from .core.report.report import RunReport
+    from .core.report.power import power_line
     from .headless import HeadlessConsole, summary_renderable
     from .runner import default_log_path, run_embedded, run_launched, run_soak
-    from .core.engine import Target
-    from .core.profiles import adhoc_plan, load_profile, resolve_profile_path
+    from .core.soak.engine import Target
+    from .core.server.profiles import adhoc_plan, load_profile, resolve_profile_path
 
     if args.url and not args.launch:
         raise HitproofError("--url goes with --launch (use --attach URL for a server you started yourself)")
@@ -236,7 +236,7 @@ def _matrix(args, console: Console, err: Console, argv: list[str]) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from .core.profiles import load_profile, resolve_profile_path
+    from .core.server.profiles import load_profile, resolve_profile_path
     from .headless import STATUS_STYLE, HeadlessConsole
     from .matrix import RESULT, check_names, row_line, run_matrix
 
@@ -297,7 +297,7 @@ def _matrix(args, console: Console, err: Console, argv: list[str]) -> int:
 def _run_app(start, record, err: Console) -> int:
     from .app.app import build_app
     from .app.sources import LiveSource
-    from .core.events import EventBus
+    from .core.log.events import EventBus
 
     def live_start(*, listeners, after_run, on_engine, progress):
         return start(bus=EventBus(), listeners=listeners, after_run=after_run, on_engine=on_engine,
@@ -321,16 +321,16 @@ def _replay(args) -> int:
 
 
 def _report(args, console: Console) -> int:
-    from .core.formats import incident_text, to_junit, to_markdown
-    from .core.power import power_json
-    from .core.recorder import iter_log
-    from .core.report import FED_TYPES, RunReport
+    from .core.report.formats import incident_text, to_junit, to_markdown
+    from .core.report.power import power_json
+    from .core.log.recorder import iter_log
+    from .core.report.report import FED_TYPES, RunReport
     from .headless import report_text
 
     warnings: list[str] = []
     fold = None
-    if args.format == "html":                 # also reads metrics samples (tui.core.html_report)
-        from .core.html_report import read_log, to_html
+    if args.format == "html":                 # also reads metrics samples (tui.core.report.html)
+        from .core.report.html import read_log, to_html
         report, fold = read_log(args.log, warnings)
     else:
         report = RunReport.from_events(iter_log(args.log, warnings, only=FED_TYPES))

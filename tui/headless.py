@@ -10,12 +10,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from .core.events import (Event, Finding, IsolationFinished, IsolationStarted, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted,
-                          RunFinished, ServerInfo, ServerLog)
-from .core.formats import _determinism_line, _kv, _sampling, _settings
-from .core.latency import table_lines
-from .core.power import power_line
-from .core.report import RunReport
+from .core.log.events import (Event, Finding, IsolationFinished, IsolationStarted, PhaseFinished, PhaseStarted,
+                              RequestFinished, RequestStarted, RunFinished, ServerInfo, ServerLog)
+from .core.report.formats import _determinism_line, _kv, _sampling, _settings
+from .core.report.latency import table_lines
+from .core.report.power import power_line
+from .core.report.report import RunReport
 
 SEVERITY_STYLE = {"fail": "bold red", "warn": "yellow", "info": "dim"}
 STATUS_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "running": "cyan",

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .core.errors import EXIT_INTERRUPTED, BadInput, HitproofError
-from .core.events import Event, EventBus
-from .core.profiles import Profile
-from .core.report import RunReport
-from .core.scenario import Scenario
-from .core.launch import ServerProcess
+from .core.config.errors import EXIT_INTERRUPTED, BadInput, HitproofError
+from .core.log.events import Event, EventBus
+from .core.server.profiles import Profile
+from .core.report.report import RunReport
+from .core.config.scenario import Scenario
+from .core.server.launch import ServerProcess
 
 Listener = Callable[[Event], None]
 RESULT = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "error": "ERROR",

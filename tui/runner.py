@@ -12,16 +12,16 @@ import time
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from .core import enginelog
-from .core.engine import Outcome, SoakEngine, Target
-from .core.checkpoints import parse_checkpoint_line
-from .core.events import CheckpointSeen, Event, EventBus, Finding, PhaseStarted, RunFinished, RunHeader, ServerLog
-from .core.incident import build_incident
-from .core.launch import LaunchError, ServerProcess, free_port
-from .core.profiles import LaunchPlan, Profile, env_of_interest
-from .core.recorder import Recorder
-from .core.errors import ServerProblem
-from .core.scenario import Scenario
+from .core.server import enginelog
+from .core.soak.engine import Outcome, SoakEngine, Target
+from .core.server.checkpoints import parse_checkpoint_line
+from .core.log.events import CheckpointSeen, Event, EventBus, Finding, PhaseStarted, RunFinished, RunHeader, ServerLog
+from .core.server.incident import build_incident
+from .core.server.launch import LaunchError, ServerProcess, free_port
+from .core.server.profiles import LaunchPlan, Profile, env_of_interest
+from .core.log.recorder import Recorder
+from .core.config.errors import ServerProblem
+from .core.config.scenario import Scenario
 
 PROBE_BUDGET = 20.0   # seconds the incident probe may take before the soak starts without it
 
@@ -34,7 +34,7 @@ def default_log_path() -> Path:
 
 class ServerLogRelay:
     """A launched server's output lines become ServerLog events, but only after the header (the log's
-    first line); lines that mean trouble (tui.core.enginelog) also become `engine_log` findings.
+    first line); lines that mean trouble (tui.core.server.enginelog) also become `engine_log` findings.
 
     A fail-class engine_log finding counts in the phase that is running (so the run's verdict and
     exit code see it, like any other fail-class finding); one that comes before the first phase or
@@ -141,7 +141,7 @@ async def run_soak(scenario: Scenario, target: Target, *, bus: EventBus, record:
     """Run one soak. `after_run` runs while the server and client are still up (the app waits
     there until the user quits, so isolation re-runs can still reach the server).
 
-    With `probe`, the incident record (tui.core.incident) is gathered first (a few GETs and one
+    With `probe`, the incident record (tui.core.server.incident) is gathered first (a few GETs and one
     cold one-token completion) and goes in the run header; `plan` says how the server was launched."""
     if probe and not target.incident:
         target.incident = await gather_incident(scenario, target, plan)

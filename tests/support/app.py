@@ -7,9 +7,9 @@ from pathlib import Path
 
 from tui.app.app import build_app
 from tui.app.sources import LiveSource
-from tui.core.engine import Target
-from tui.core.events import EventBus
-from tui.core.scenario import load_scenario, parse_scenario
+from tui.core.soak.engine import Target
+from tui.core.log.events import EventBus
+from tui.core.config.scenario import load_scenario, parse_scenario
 from tui.runner import run_soak
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -107,7 +107,7 @@ def check_report_page(log: Path, folder: Path) -> Page:
     """`hitproof report LOG --format html` of a recorded soak: a self-contained page whose three
     charts are there, rendered by headless Chromium with each series' colour on screen."""
     from support.cli import hitproof_argv, ROOT
-    from tui.core.html_report import COLORS
+    from tui.core.report.html import COLORS
 
     out = folder / "report.html"
     result = subprocess.run(hitproof_argv("report", str(log), "--format", "html", "--output", str(out)), cwd=ROOT,

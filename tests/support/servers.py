@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from tui.core.launch import ServerProcess, free_port
+from tui.core.server.launch import ServerProcess, free_port
 
 
 class BackgroundServer:

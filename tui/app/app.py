@@ -12,8 +12,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Log, Static
 
-from ..core import events as ev
-from ..core.errors import EXIT_INTERRUPTED
+from ..core.log import events as ev
+from ..core.config.errors import EXIT_INTERRUPTED
 from .model import RunModel
 from .screens import IsolationProgress, RequestDetail
 from .widgets import FindingsTable, MetricsStrip, PhaseList, SlotGrid, SlotPanel, TtftHistogram

@@ -10,8 +10,8 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import events as ev
-from ..core.report import RunReport
+from ..core.log import events as ev
+from ..core.report.report import RunReport
 
 MAX_LOG_LINES = 2000
 MAX_METRIC_POINTS = 120

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ..core.logindex import LogIndex
+from ..core.log.logindex import LogIndex
 from .model import RunModel
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
-from ..core.checks import first_divergence
+from ..core.checks.detectors import first_divergence
 from .model import RequestView, RunModel
 from .render import HIGHLIGHT_STYLE, answer_text
 

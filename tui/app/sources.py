@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Awaitable, Callable
 
-from ..core.engine import Outcome, SoakEngine
-from ..core.errors import HitproofError
-from ..core.events import Finding, RunFinished
+from ..core.soak.engine import Outcome, SoakEngine
+from ..core.config.errors import HitproofError
+from ..core.log.events import Finding, RunFinished
 
 if TYPE_CHECKING:
     from .app import HitproofApp

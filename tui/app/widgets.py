@@ -7,7 +7,7 @@ from textual.containers import Grid, VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from ..core.latency import LatencyFold, format_seconds, histogram, percentile
+from ..core.report.latency import LatencyFold, format_seconds, histogram, percentile
 from .model import RunModel
 from .render import metrics_line, phase_table, slot_panel
 

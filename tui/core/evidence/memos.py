@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import BadInput
-from .evidence import MemoText, SentenceSource, code_sentence
+from ..config.errors import BadInput
+from .text import MemoText, SentenceSource, code_sentence
 from .tokens import TokenCounter, estimate_tokens
 
 

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from .metrics import MetricSnapshot
+from ..server.metrics import MetricSnapshot
 
 # (cached-token counter, the matching query counter or None). Queries count every prompt token
 # that was looked up; with them a window can tell that someone else used the server meanwhile.

@@ -12,7 +12,7 @@ from typing import Callable, Collection, Iterator
 import aiofiles
 import orjson
 
-from .errors import BadInput
+from ..config.errors import BadInput
 from .events import EVENT_TYPES, SCHEMA_VERSION, DecodeError, Event, RunHeader, decode, encode
 
 _DELTA_PREFIX = b'{"type":"delta"'

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from .. import __version__
+from ... import __version__
 
 __all__ = ["build_incident", "cache_reuse", "command_facts", "commit_from", "probe_server", "speculative"]
 

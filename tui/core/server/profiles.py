@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput
-from .scenario import locate
+from ..config.errors import BadInput
+from ..config.scenario import locate
 
 __all__ = ["DEFAULT_STARTUP_TIMEOUT", "LaunchPlan", "Profile", "adhoc_plan", "env_of_interest", "load_profile",
            "parse_profile", "resolve_profile_path"]
@@ -277,7 +277,7 @@ def _fill(text: str, port: int | None, base: str = ".", shell: bool = False) -> 
 
 def _embedded_llama_server() -> str:
     """The llama-server `hitproof setup --engine llamacpp` built (a clear error if it has not)."""
-    from ..engines.common import read_info
+    from ...engines.common import read_info
 
     binary = read_info("llamacpp").get("binary")
     if not binary:
@@ -286,7 +286,7 @@ def _embedded_llama_server() -> str:
 
 
 def _models_dir() -> str:
-    from ..engines.common import cache_dir
+    from ...engines.common import cache_dir
 
     return str(cache_dir() / "models")
 

@@ -22,9 +22,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Sequence
 
-from .events import Event, Finding, MetricsSample, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted
+from ..log.events import Event, Finding, MetricsSample, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted
 from .latency import ARMS, format_ms, format_seconds, percentile
-from .metrics import KV_USAGE, LLAMA_CACHED, LLAMA_PROMPT_TOKENS, PREFIX_HITS, PREFIX_QUERIES
+from ..server.metrics import KV_USAGE, LLAMA_CACHED, LLAMA_PROMPT_TOKENS, PREFIX_HITS, PREFIX_QUERIES
 from .report import FED_TYPES, RunReport
 
 READ_TYPES = FED_TYPES | {MetricsSample.type}      # what `report --format html` reads from a log
@@ -128,7 +128,7 @@ def read_log(path: str | Path, warnings: list[str] | None = None,
              window: int = TEXT_WINDOW) -> tuple[RunReport, HtmlFold]:
     """One pass for the report and the fold; a second, over request ends only, when a finding
     names a request that had left the answer window (rare: findings follow their request)."""
-    from .recorder import iter_log
+    from ..log.recorder import iter_log
 
     report, fold = RunReport(), HtmlFold(window)
     for event in iter_log(path, warnings, only=READ_TYPES):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 
-from ..power import hits_needed
+from ...report.power import hits_needed
 from ..requests import concurrently
 
 TITLE = "rotation"

@@ -5,7 +5,7 @@ Each turn adds at least one alignment block of text, so cached tokens must rise 
 
 from __future__ import annotations
 
-from ..evidence import RECALL_ANSWER_LEAD, RECALL_QUESTION
+from ...evidence.text import RECALL_ANSWER_LEAD, RECALL_QUESTION
 from ..proof import rises
 
 TITLE = "conversation"

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import checks
-from .checks import FingerprintMatch
+from . import detectors as checks
+from .detectors import FingerprintMatch
 
 
 @dataclass(frozen=True)

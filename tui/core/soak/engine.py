@@ -14,21 +14,21 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import __version__
-from .client import OpenAIClient, RequestSpec
-from .errors import EXIT_INTERRUPTED, EXIT_SERVER, HitproofError, ServerProblem
+from ... import __version__
+from ..server.client import OpenAIClient, RequestSpec
+from ..config.errors import EXIT_INTERRUPTED, EXIT_SERVER, HitproofError, ServerProblem
 from .isolation import IsolationResult, isolate, why_not_isolated
-from .events import (CheckpointSeen, Event, EventBus, Finding, MetricsSample, PhaseFinished, PhaseStarted,
-                     PowerJudged, RunFinished, RunHeader, ServerInfo)
-from .evidence import CodeBook, Registry, new_nonce
-from .metrics import MetricSnapshot, block_size, compact, parse_metrics
+from ..log.events import (CheckpointSeen, Event, EventBus, Finding, MetricsSample, PhaseFinished, PhaseStarted,
+                          PowerJudged, RunFinished, RunHeader, ServerInfo)
+from ..evidence.text import CodeBook, Registry, new_nonce
+from ..server.metrics import MetricSnapshot, block_size, compact, parse_metrics
 from .phases import PHASES
-from .power import EvidenceTally, hits_needed, target_sentence, upper_bound
+from ..report.power import EvidenceTally, hits_needed, target_sentence, upper_bound
 from .proof import counter_name
 from .requests import PhaseState, Requester
-from .scenario import Scenario
-from .tokens import TokenCounter
-from .verdicts import exit_code, run_verdict
+from ..config.scenario import Scenario
+from ..evidence.tokens import TokenCounter
+from ..checks.verdicts import exit_code, run_verdict
 
 DEFAULT_GRID = 16
 # What a server needs to report per-request cached tokens (said when a phase cannot prove hits).
@@ -54,7 +54,7 @@ class Target:
     exited: asyncio.Event | None = None  # set when a launched server process exits
     # () -> {"exit_code": int | None, "last_lines": [...]}: how a launched server ended
     exit_info: Callable[[], dict[str, Any]] | None = None
-    # The incident record (tui.core.incident.build_incident): version, commit, model, quantization,
+    # The incident record (tui.core.server.incident.build_incident): version, commit, model, quantization,
     # speculative decoding, cache config, cache reuse, overlays, env ... ; goes in the header.
     incident: dict[str, Any] = field(default_factory=dict)
 

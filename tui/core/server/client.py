@@ -15,7 +15,7 @@ from typing import Any, Callable
 import httpx
 import orjson
 
-from .errors import ServerProblem
+from ..config.errors import ServerProblem
 from .transport import CLOCK, JSON_HEADERS, STREAM_EXTENSIONS, StreamingTransport, direct_http_origin
 
 DIALECTS = ("vllm", "llamacpp", "sglang", "openai")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, EXIT_PASS, EXIT_SERVER
+from ..config.errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, EXIT_PASS, EXIT_SERVER
 
 def run_verdict(phase_statuses: Iterable[str], fail_findings: int, power_reached: bool = True) -> str:
     """fail beats everything; then a phase that proved nothing, or a power target the run asked for

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .events import Finding, FingerprintCompared, PhaseFinished, RequestFinished, RequestStarted
+from ..log.events import Finding, FingerprintCompared, PhaseFinished, RequestFinished, RequestStarted
 
 # Evidence kinds, in report order: (key, finding kind that fails it, how a sentence names it).
 KINDS = (

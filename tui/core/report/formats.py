@@ -11,7 +11,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from .events import Finding
+from ..log.events import Finding
 from .latency import ARMS, STAT_KEYS, format_ms
 from .power import KINDS, evidence_counts, power_line, rotation_slots, sizing_sentence
 from .report import RunReport
@@ -207,7 +207,7 @@ def ttft_markdown(report: RunReport) -> list[str]:
         + _table(["phase", "path", "n", "min", "p50", "p90", "p99", "max"], rows) + [""]
 
 
-# --- incident record (header target.incident; tui.core.incident) ------------------------------
+# --- incident record (header target.incident; tui.core.server.incident) ------------------------------
 
 def incident_rows(report: RunReport) -> list[tuple[str, str]]:
     """(label, value) for every fact the second field report says an operator should log; empty

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput
-from .evidence import RECALL_ANSWER_LEAD, SentenceSource
+from ..config.errors import BadInput
+from .text import RECALL_ANSWER_LEAD, SentenceSource
 
 TOOL_NAMES = ["lookup_order", "reconcile_ledger", "fetch_invoice", "list_shipments", "update_status",
               "check_inventory", "open_ticket", "close_ticket", "get_carrier", "flag_discrepancy",

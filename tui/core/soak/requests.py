@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import orjson
 
-from . import checks
-from .client import Completion, RequestSpec
-from .events import (AnswerDelta, Finding, FingerprintCompared, MemoPlanted, RequestFinished, RequestStarted, RoundStarted,
-                     ServerInfo)
-from .evidence import (DETERMINISM_QUESTION, RECALL_QUESTION, SUMMARY_QUESTION, CodeOwner, determinism_suffix,
-                       recall_suffix, summary_suffix)
-from .fingerprints import Fingerprint, FingerprintBook
-from .memos import Memo, build_memo, filler_text
-from .metrics import (LLAMA_CACHED, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, MetricSnapshot, cached_tokens_delta,
-                      delta)
+from ..checks import detectors as checks
+from ..server.client import Completion, RequestSpec
+from ..log.events import (AnswerDelta, Finding, FingerprintCompared, MemoPlanted, RequestFinished, RequestStarted,
+                          RoundStarted, ServerInfo)
+from ..evidence.text import (DETERMINISM_QUESTION, RECALL_QUESTION, SUMMARY_QUESTION, CodeOwner, determinism_suffix,
+                             recall_suffix, summary_suffix)
+from ..checks.fingerprints import Fingerprint, FingerprintBook
+from ..evidence.memos import Memo, build_memo, filler_text
+from ..server.metrics import (LLAMA_CACHED, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, MetricSnapshot,
+                              cached_tokens_delta, delta)
 from .proof import UNKNOWN, CacheProof, CounterWindows, quantum
-from .tokens import TokenCounter
+from ..evidence.tokens import TokenCounter
 
 if TYPE_CHECKING:
     from .engine import SoakEngine
@@ -271,7 +271,7 @@ class Requester:
         self._fingerprint_notes: set[str] = set()
         self.long_memo: Memo | None = None
         # Without per-request cached tokens, the server's counter is attributed to requests in
-        # windows between quiet moments (tui.core.proof).
+        # windows between quiet moments (tui.core.soak.proof).
         self.windows = (CounterWindows(lambda: engine.scrape(record=False), server.cached_counter,
                                        server.cached_queries or None)
                         if server.cached_report == "counter" and server.cached_counter else None)

@@ -13,7 +13,7 @@ from array import array
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .errors import BadInput
+from ..config.errors import BadInput
 from .events import DecodeError, Event, RunHeader, decode
 from .recorder import check_header, decode_line
 

@@ -8,7 +8,7 @@ kernel is deterministic without any cache involved.
 
 from __future__ import annotations
 
-from ..checks import classify_determinism, compare_logprobs
+from ...checks.detectors import classify_determinism, compare_logprobs
 
 TITLE = "determinism"
 

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from .events import (Event, Finding, FingerprintCompared, IsolationFinished, PhaseFinished, PhaseStarted,
-                     PowerJudged, RequestFinished, RequestStarted, RunFinished, RunHeader, ServerInfo)
+from ..log.events import (Event, Finding, FingerprintCompared, IsolationFinished, PhaseFinished, PhaseStarted,
+                          PowerJudged, RequestFinished, RequestStarted, RunFinished, RunHeader, ServerInfo)
 from .power import EvidenceTally, proven_hit
 from .latency import LatencyFold
-from .verdicts import exit_code, run_verdict
+from ..checks.verdicts import exit_code, run_verdict
 
 FINDING_KEYS = ("kind", "severity", "phase", "slot", "round", "request", "offset", "detail")
 
@@ -34,7 +34,7 @@ class RunReport:
     end: RunFinished | None = None
     warning: str | None = None
     last_t: float = 0.0
-    latency: LatencyFold = field(default_factory=LatencyFold)    # TTFT cold vs hit per phase (tui.core.latency)
+    latency: LatencyFold = field(default_factory=LatencyFold)    # TTFT cold vs hit per phase (tui.core.report.latency)
 
     def feed(self, event: Event) -> None:
         if event.t > self.last_t:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..agent import AgentTurn, Conversation, generate, load_capture
-from ..memos import Memo
-from ..metrics import acceptance_length
+from ...evidence.agent import AgentTurn, Conversation, generate, load_capture
+from ...evidence.memos import Memo
+from ...server.metrics import acceptance_length
 from ..requests import hit_path_problems
-from ..tokens import estimate_tokens
+from ...evidence.tokens import estimate_tokens
 from .conversation import judge_rise
 
 TITLE = "agent replay"

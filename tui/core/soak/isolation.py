@@ -16,8 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .checks import first_divergence
-from .events import Finding, IsolationFinished, IsolationStarted
+from ..checks.detectors import first_divergence
+from ..log.events import Finding, IsolationFinished, IsolationStarted
 from .requests import Record, hit_path_problems
 
 if TYPE_CHECKING:

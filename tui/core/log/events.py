@@ -137,7 +137,7 @@ class RequestFinished(Event):
     checks: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     logprobs: list[list] = field(default_factory=list)   # [token, logprob, [[alt, logprob], ...]] when asked
-    # How cached_tokens is known (tui.core.proof): "request" (the server reported it), "counter"
+    # How cached_tokens is known (tui.core.soak.proof): "request" (the server reported it), "counter"
     # (attributed from the server's counter), "unknown"; "" in logs from before this field.
     # cached_min/cached_max bound it when only bounds are known (cached_tokens is then None).
     cached_source: str = ""
@@ -219,7 +219,7 @@ class CheckpointSeen(Event):
 
 @dataclass
 class PowerJudged(Event):
-    """The scenario's power target, judged once every phase has run (tui.core.power)."""
+    """The scenario's power target, judged once every phase has run (tui.core.report.power)."""
     type: ClassVar[str] = "power"
     evidence: str = ""          # recall | fingerprint: the checked hits counted
     fault_rate: float = 0.0     # the per-hit fault rate to rule out

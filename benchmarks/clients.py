@@ -101,7 +101,8 @@ def codes_registry() -> dict[str, str]:
 
 async def hitproof_stream(args, stream: int, out: dict, client, bus, registry) -> None:
     from tui.core.server.client import RequestSpec
-    from tui.core.soak.requests import DeltaCoalescer, evaluate
+    from tui.core.checks.answers import evaluate
+    from tui.core.soak.record import DeltaCoalescer
 
     own = next(iter(registry))
     spec = RequestSpec(api="completions", prompt=prompt_of(args.prompt_chars, stream), max_tokens=args.chunks,

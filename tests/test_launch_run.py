@@ -216,30 +216,17 @@ async def test_engine_log_trouble_becomes_a_finding(tmp_path):
 
 # --- the relay, without a server ---------------------------------------------------------------------
 
-class _State:
-    def __init__(self, name):
-        self.name, self.finished = name, False
-        self.findings = {"fail": 0, "warn": 0, "info": 0}
+async def test_relay_orders_lines_after_the_header_and_the_engine_counts_its_findings_in_phases():
+    from tui.core.config.scenario import Scenario
+    from tui.core.soak.engine import SoakEngine, Target
+    from tui.core.soak.state import PhaseState
 
-
-class _Engine:
-    def __init__(self, bus, phases):
-        self.bus, self.phase_states = bus, []
-        self.scenario = type("S", (), {"phases": phases})()
-        self.findings = []
-
-    def emit(self, event):
-        self.findings.append(event)
-        return self.bus.emit(event)
-
-
-async def test_relay_orders_lines_after_the_header_and_counts_findings_in_phases():
     bus = EventBus()
     seen = []
     relay = ServerLogRelay(bus)
     bus.subscribe(relay.on_event)
+    engine = relay.engine = SoakEngine(Scenario(phases=("cold_hit", "rotation")), Target(url="http://127.0.0.1:9"), bus)
     bus.subscribe(seen.append)
-    engine = relay.engine = _Engine(bus, ("a", "b"))
     relay("starting")
     relay("Traceback (most recent call last):")          # before the header: buffered
     assert seen == []
@@ -247,20 +234,22 @@ async def test_relay_orders_lines_after_the_header_and_counts_findings_in_phases
     await asyncio.sleep(0)
     assert [type(e) for e in seen] == [RunHeader, ServerLog, ServerLog, Finding]
     assert seen[3].severity == "warn" and seen[3].evidence["before"] == ["starting"]
-    engine.phase_states.append(_State("a"))
-    bus.emit(PhaseStarted(phase="a"))
-    assert engine.phase_states[0].findings["warn"] == 1      # pending start-up finding lands in phase a
+    assert seen[3].evidence["when"] == "startup"
+    first = PhaseState(name="cold_hit")
+    engine._start_phase(first)
+    assert first.findings["warn"] == 1                        # pending start-up finding lands in the first phase
     relay("CUDA error: an illegal memory access was encountered")
-    assert engine.phase_states[0].findings["fail"] == 1 and seen[-1].phase == "a"
-    engine.phase_states[0].finished = True
-    bus.emit(PhaseFinished(phase="a"))
+    assert first.findings["fail"] == 1 and seen[-1].phase == "cold_hit"
+    engine._finish_phase(first)
     relay("Preempting request 7")                             # between phases: counts in the next one
-    engine.phase_states.append(_State("b"))
-    bus.emit(PhaseStarted(phase="b"))
-    assert engine.phase_states[1].findings["warn"] == 1
-    engine.phase_states[1].finished = True
+    assert seen[-1].evidence["when"] == "between phases"
+    second = PhaseState(name="rotation")
+    engine._start_phase(second)
+    assert second.findings["warn"] == 1
+    engine._finish_phase(second)
     relay("Segmentation fault")                               # after the last phase (isolation): the last phase
-    assert engine.phase_states[1].findings["fail"] == 1
+    assert second.findings["fail"] == 1
+    assert [f.kind for f in engine.findings] == ["engine_log"] * 4
     bus.emit(RunFinished())
     n = len(seen)
     relay("EngineDeadError: shutting down")                   # after run_end: a line, not a finding
@@ -273,6 +262,7 @@ async def test_relay_orders_lines_after_the_header_and_counts_findings_in_phases
         relay.ended = False
         relay("Traceback (most recent call last):")
     assert relay.per_kind["traceback"] == 31 and relay.suppressed == 31 - ServerLogRelay.MAX_PER_KIND
+    await engine.aclose()
 
 
 async def test_ctrl_c_stops_the_launched_server(tmp_path):

@@ -34,13 +34,10 @@ def default_log_path() -> Path:
 
 class ServerLogRelay:
     """A launched server's output lines become ServerLog events, but only after the header (the log's
-    first line); lines that mean trouble (tui.core.server.enginelog) also become `engine_log` findings.
-
-    A fail-class engine_log finding counts in the phase that is running (so the run's verdict and
-    exit code see it, like any other fail-class finding); one that comes before the first phase or
-    between phases counts in the next phase, one after the last phase in the last phase. After the
-    run has ended, lines are still relayed (the app keeps the server for isolation re-runs) but make
-    no findings; once the soak has returned (detach), they only go to `echo`.
+    first line); lines that mean trouble (tui.core.server.enginelog) also become `engine_log` findings,
+    which the soak engine counts like any other: in the running phase, else the next one, else the last.
+    After the run has ended, lines are still relayed (the app keeps the server for isolation re-runs)
+    but make no findings; once the soak has returned (detach), they only go to `echo`.
     """
 
     MAX_PER_KIND = 20           # a crash loop must not bury the log in findings
@@ -58,17 +55,10 @@ class ServerLogRelay:
         self.recent: collections.deque[str] = collections.deque(maxlen=self.CONTEXT)
         self.per_kind: collections.Counter[str] = collections.Counter()
         self.suppressed = 0
-        self._pending = {"fail": 0, "warn": 0, "info": 0}
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, RunHeader) and not self.open:
             asyncio.get_running_loop().call_soon(self._flush)
-        elif isinstance(event, PhaseStarted) and self.engine is not None and self.engine.phase_states:
-            state = self.engine.phase_states[-1]
-            for severity, n in self._pending.items():
-                if n:
-                    state.findings[severity] += n
-                    self._pending[severity] = 0
         elif isinstance(event, RunFinished):
             self.ended = True
 
@@ -80,10 +70,7 @@ class ServerLogRelay:
 
     def __call__(self, line: str) -> None:
         if self.echo is not None:
-            try:
-                self.echo(line)
-            except Exception:
-                pass
+            self.echo(line)
         if self.detached:
             return
         if self.open:
@@ -110,21 +97,14 @@ class ServerLogRelay:
 
     def _finding(self, line: str, kind: str, severity: str) -> None:
         engine = self.engine
-        states = engine.phase_states if engine is not None else []
-        running = states[-1] if states and not states[-1].finished else None
-        all_done = engine is not None and states and len(states) >= len(engine.scenario.phases) and running is None
-        counted_in = running or (states[-1] if all_done else None)
-        if counted_in is not None:
-            counted_in.findings[severity] += 1
-        else:
-            self._pending[severity] += 1
-        finding = Finding(
-            kind="engine_log", severity=severity, phase=running.name if running else "",
+        running = engine.running_phase() if engine is not None else ""
+        started = bool(engine is not None and engine.phase_states)
+        self.bus.emit(Finding(
+            kind="engine_log", severity=severity, phase=running,
             detail=f"server log ({kind.replace('_', ' ')}): {line.strip()[:400]}",
             evidence={"line": line, "match": kind, "matched": enginelog.matched_text(line),
                       "line_no": self.line_no, "before": list(self.recent),
-                      "when": "running" if running else ("startup" if not states else "between phases")})
-        (engine.emit if engine is not None else self.bus.emit)(finding)
+                      "when": "running" if running else ("between phases" if started else "startup")}))
 
     def detach(self) -> None:
         self.detached = True

@@ -25,7 +25,9 @@ from ..server.metrics import MetricSnapshot, block_size, compact, parse_metrics
 from .phases import PHASES
 from ..report.power import EvidenceTally, hits_needed, target_sentence, upper_bound
 from .proof import counter_name
-from .requests import PhaseState, Requester
+from .context import SoakContext
+from .requester import Requester
+from .state import PhaseState
 from ..config.scenario import Scenario
 from ..evidence.tokens import TokenCounter
 from ..checks.verdicts import exit_code, run_verdict
@@ -92,20 +94,53 @@ class SoakEngine:
         self.checkpoints: collections.deque[tuple[float, CheckpointSeen]] = collections.deque(maxlen=256)
         # hits checked per kind of evidence, for the power target (the report counts the same way)
         self.tally = EvidenceTally()
+        self._running: PhaseState | None = None
+        self._pending = {"fail": 0, "warn": 0, "info": 0}      # findings before the first phase started
         bus.subscribe(self._watch)
 
     def _watch(self, event: Event) -> None:
+        """Every event on the bus: the tally, checkpoint lines, and each finding counted where it belongs
+        (whoever emitted it: a phase, the judge, or the launched server's log relay)."""
         self.tally.feed(event)
         if isinstance(event, CheckpointSeen):
             self.checkpoints.append((time.monotonic(), event))
+        elif isinstance(event, Finding):
+            self.findings.append(event)
+            self._count(event)
+
+    def _count(self, finding: Finding) -> None:
+        """A finding counts in the phase that is running; one before the first phase or between phases
+        in the next phase; one after the last phase in the last phase (so the verdict sees it)."""
+        if finding.severity not in self._pending:
+            return
+        state = self._running
+        if state is None and self.phase_states and len(self.phase_states) >= len(self.scenario.phases):
+            state = self.phase_states[-1]
+        if state is None:
+            self._pending[finding.severity] += 1
+        else:
+            state.findings[finding.severity] += 1
+
+    def _start_phase(self, state: PhaseState) -> None:
+        self.phase_states.append(state)
+        self._running = state
+        for severity, n in self._pending.items():
+            state.findings[severity] += n
+            self._pending[severity] = 0
+
+    def _finish_phase(self, state: PhaseState) -> None:
+        state.finished = True
+        self._running = None
 
     def checkpoints_since(self, since: float) -> list[CheckpointSeen]:
         return [event for at, event in self.checkpoints if at >= since]
 
     def emit(self, event: Event) -> Event:
-        if isinstance(event, Finding):
-            self.findings.append(event)
         return self.bus.emit(event)
+
+    def running_phase(self) -> str:
+        """The name of the phase running now ("" between phases)."""
+        return self._running.name if self._running is not None else ""
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -179,6 +214,7 @@ class SoakEngine:
         if self.phase_states and not self.phase_states[-1].finished:
             state = self.phase_states[-1]
             state.finished = True
+            self._running = None
             self.emit(PhaseFinished(phase=state.name, status="fail" if finding else "inconclusive",
                                     reasons=[message], summary=state.summary()))
         self.emit(RunFinished(verdict=verdict, exit_code=code, message=message))
@@ -188,21 +224,25 @@ class SoakEngine:
         info = await self._discover()
         counter = TokenCounter(
             (lambda text: self.client.tokenize(text, info.model)) if info.tokenizer == "server" else None)
-        requester = self.requester = Requester(self, counter, info)
+        requester = self.requester = Requester(SoakContext(
+            scenario=self.scenario, server=info, client=self.client, emit=self.emit, nonce=self.nonce,
+            codes=self.codes, registry=self.registry, gate=self.gate, scrape=lambda: self.scrape(record=False),
+            checkpoints_since=self.checkpoints_since, checkpoints_seen=lambda: bool(self.checkpoints),
+            tally=self.tally, metrics_available=self.metrics_available), counter)
         fix = info.cached_fix if info.cached_report != "request" else ""
         sampler = asyncio.create_task(self._sample_metrics(), name="metrics") if self.metrics_available else None
         try:
             for index, name in enumerate(self.scenario.phases):
                 phase = PHASES[name]
                 state = PhaseState(name=name, no_report_fix=fix)
-                self.phase_states.append(state)
+                self._start_phase(state)
                 self.emit(PhaseStarted(phase=name, index=index, title=phase.TITLE,
                                        **phase.plan(self.scenario)))
                 state.metrics_before = await self.scrape()
                 await phase.run(requester, state)
                 state.metrics_after = await self.scrape()
                 self._judge_counter_agreement(requester, state)
-                state.finished = True
+                self._finish_phase(state)
                 status, reasons = state.status()
                 self.emit(PhaseFinished(phase=name, status=status, reasons=reasons, summary=state.summary()))
         finally:

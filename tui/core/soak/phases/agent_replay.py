@@ -13,7 +13,7 @@ from pathlib import Path
 from ...evidence.agent import AgentTurn, Conversation, generate, load_capture
 from ...evidence.memos import Memo
 from ...server.metrics import acceptance_length
-from ..requests import hit_path_problems
+from ...checks.answers import hit_path_problems
 from ...evidence.tokens import estimate_tokens
 from .conversation import judge_rise
 
@@ -33,10 +33,10 @@ def conversation(rq, state) -> Conversation:
         if not path.is_absolute() and rq.scenario.source not in ("<built-in>", "<scenario>"):
             path = Path(rq.scenario.source).parent / path
         return load_capture(path, max_tokens=a.max_tokens)
-    code = rq.engine.codes.new_code()
+    code = rq.new_code()
     growth = max(a.growth_tokens, rq.server.grid + 16)
     return generate(tools=a.tools, turns=a.turns, growth_tokens=growth, integrity_every=a.integrity_every,
-                    code=code, seed=f"{rq.scenario.seed}:{rq.engine.nonce}", nonce=rq.engine.nonce,
+                    code=code, seed=f"{rq.scenario.seed}:{rq.nonce}", nonce=rq.nonce,
                     max_tokens=a.max_tokens,
                     recall_max_tokens=rq.scenario.evidence.recall_max_tokens)
 
@@ -53,12 +53,12 @@ async def replay(rq, state, convo: Conversation, memo: Memo | None, *, control: 
     """One pass over the conversation; per turn its record, its problems and acceptance length."""
     out = []
     for turn in convo.turns:
-        before = await rq.engine.scrape(record=False) if rq.engine.metrics_available else None
+        before = await rq.scrape() if rq.metrics_available else None
         record = await rq.send(state, spec_for(rq, turn, rq.fresh_salt() if control else None), task=turn.task,
                                memo=memo, round=turn.index, turn=turn.index + 1,
                                expect="cold" if control or turn.index == 0 else "hit",
                                arm="control" if control else "main", control=False)
-        after = await rq.engine.scrape(record=False) if before is not None else None
+        after = await rq.scrape() if before is not None else None
         out.append({"turn": turn.index + 1, "record": record,
                     "problems": {kind: (offset, detail) for kind, offset, detail in hit_path_problems(record.checks)},
                     "acceptance": acceptance_length(before, after)})

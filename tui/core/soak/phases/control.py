@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ..requests import concurrently
+from ..record import concurrently
 
 TITLE = "control"
 

@@ -12,7 +12,7 @@ import math
 import time
 
 from ...report.power import hits_needed
-from ..requests import concurrently
+from ..requester import run_round
 
 TITLE = "rotation"
 MAX_ROUNDS = 10_000           # a bound on the loop whatever the budget says
@@ -93,18 +93,18 @@ async def run(rq, state) -> None:
         if round_ >= r.rounds:
             if not needed:
                 break
-            if rq.engine.tally.checked[evidence] >= needed:
+            checked, failed = rq.checked(evidence)
+            if checked >= needed:
                 stopped = "power target reached"
                 break
-            if rq.engine.tally.failures[evidence]:
+            if failed:
                 stopped = "a checked hit failed: more rounds cannot rule the target out"
                 break
             if time.monotonic() - started >= p.budget_s:
                 stopped = f"time budget of {p.budget_s:.0f} s spent"
                 break
-        rq.round(state, round_, max(planned, round_ + 1),
-                 {str(slot): memos[(slot + round_) % r.slots].memo_id for slot in range(r.slots)})
-        await concurrently(*(one(slot, round_) for slot in range(r.slots)))
+        await run_round(rq, state, round_, max(planned, round_ + 1), r.slots,
+                        lambda slot: memos[(slot + round_) % r.slots], one)
         round_ += 1
     closest = rq.fingerprints.closest({m.memo_id for m in memos}) if s.evidence.fingerprints else None
     if closest is not None:

@@ -6,7 +6,7 @@ stream carries the same code here, which is why the rotation phase exists.
 
 from __future__ import annotations
 
-from ..requests import concurrently
+from ..requester import run_round
 
 
 TITLE = "shared concurrency"
@@ -32,5 +32,4 @@ async def run(rq, state) -> None:
                              round=round_, expect=expect)
 
     for round_ in range(c.rounds):
-        rq.round(state, round_, c.rounds, {str(s): memo.memo_id for s in range(c.streams)})
-        await concurrently(*(one(stream, round_) for stream in range(c.streams)))
+        await run_round(rq, state, round_, c.rounds, c.streams, lambda stream: memo, one)

@@ -1,0 +1,270 @@
+"""Judging a main-arm request, one-sidedly: a fail-class finding needs the hit path wrong where the
+cold path of the same request (re-sent under a fresh salt) is right. A foreign code needs no
+control: no cold path can produce a code the request never saw. Fingerprints (cold greedy tokens
+and log-probabilities) are judged the same way, with the near-tie rule for numerics.
+
+The judge sends its controls through the Requester (the `Sender` protocol) and keeps the run's
+cold fingerprints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..checks import detectors as checks
+from ..checks.answers import hit_path_problems
+from ..checks.fingerprints import Fingerprint, FingerprintBook
+from ..log.events import FingerprintCompared
+from .record import Record, Sender, cached_words, pct, prompt_key
+from .state import PhaseState
+
+REPRODUCE = 3                # re-runs each way before a fingerprint deviation is called the cache's
+DEFAULT_ALARM_RATE = 0.01    # a single foreign group is fail-class below these odds when no power target is set
+
+
+class Judge:
+    def __init__(self, rq: Sender):
+        self.rq = rq
+        e = rq.scenario.evidence
+        self.fingerprints = FingerprintBook(e.fingerprint_tokens, e.fingerprint_tolerance, e.fingerprint_margin)
+        self._fingerprint_notes: set[str] = set()
+
+    async def judge(self, state: PhaseState, record: Record, expect: str, judges: tuple[str, ...],
+                    control: bool = True) -> None:
+        """Judge a main-arm request: foreign codes at once; hit-path problems against a cold control."""
+        c = record.checks
+        single_groups = []
+        for foreign in c.get("foreign", []):
+            if foreign["groups"] >= 2:
+                self.rq.finding(state, "foreign_code", "fail", record, offset=foreign["offset"],
+                             detail=f"answer carries code {foreign['code']} owned by memo {foreign['owner']} at "
+                                    f"offset {foreign['offset']}",
+                             code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"])
+            else:
+                single_groups.append(foreign)    # judged against the cold control below
+        if c.get("wrong_task") is not None:
+            self.rq.finding(state, "wrong_task", "warn", record, offset=c["wrong_task"],
+                         detail=f"a {record.task} request answered with its own code (a candidate fluke, not a leak)")
+        if expect == "cold" and not record.cold:
+            if record.proof.low > record.cold_tolerance:
+                state.mark_inconclusive(f"request {record.request} should be cold but had {record.proof.low} "
+                                        f"cached tokens")
+                self.rq.finding(state, "cold_not_cold", "warn", record,
+                             detail=f"expected a cold request, got {record.proof.low} cached tokens (at most "
+                                    f"{record.cold_tolerance} may be shared before the run nonce)",
+                             cached_tokens=record.proof.low, tolerance=record.cold_tolerance)
+            else:
+                state.mark_inconclusive("cold requests are not proven cold: their cached tokens are unknown"
+                                        + (f" ({state.no_report_fix})" if state.no_report_fix else ""))
+        if expect == "hit":
+            state.expected_hits += 1
+            if not record.hit:
+                state.unproven_expected += 1
+            miss = (c.get("checkpoint") or {}).get("full_reprocess")
+            if miss and not record.hit:
+                self.rq.finding(state, "checkpoint_miss", "info", record,
+                             detail="a shared prefix got no hit: the server had no usable checkpoint inside it "
+                                    "(neither a pass nor a fail)", line=miss)
+        if self.rq.scenario.evidence.fingerprints and record.memo is not None:
+            await self._judge_fingerprint(state, record)
+        problems = hit_path_problems(c)
+        if not (problems or single_groups) or not control:
+            for foreign in single_groups:         # no control to judge it by: a warning
+                self._single_group(state, record, foreign, None)
+            return
+        if record.cold:
+            state.cold_failures += bool(problems)
+            # A model that cannot give its own code back cold proves nothing by recall; one that
+            # loops or stops on its own still leaves the other evidence (codes elsewhere, fingerprints).
+            if expect == "cold" and any(kind == "recall_miss" for kind, _, _ in problems):
+                state.mark_inconclusive(f"cold baseline failed on request {record.request} (recall_miss)")
+            for kind, offset, detail in problems:
+                self.rq.finding(state, kind, "info", record, offset=offset,
+                             detail=f"{detail}; on a cold request (no hit): the model, not the cache")
+            for foreign in single_groups:
+                self.rq.finding(state, "foreign_code", "info", record, offset=foreign["offset"],
+                             detail=f"one group ({foreign['matched']}) of code {foreign['code']} of memo "
+                                    f"{foreign['owner']} on a cold request: the model wrote that number itself",
+                             code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"])
+            return
+        control = await self.rq.send(state, dataclasses.replace(record.spec, salt=self.rq.fresh_salt()),
+                                  task=record.task, memo=record.memo, slot=record.slot, round=record.round,
+                                  turn=record.turn, expect="cold", arm="control", of_request=record.request,
+                                  judges=judges)
+        control_problems = {kind for kind, _, _ in hit_path_problems(control.checks)}
+        control_cold = control.cold
+        for foreign in control.checks.get("foreign", []):
+            if foreign["groups"] >= 2:
+                self.rq.finding(state, "foreign_code", "fail", control, offset=foreign["offset"],
+                             detail=f"the cold control carries code {foreign['code']} of memo {foreign['owner']}",
+                             code=foreign["code"], owner=foreign["owner"])
+        for foreign in single_groups:
+            self._single_group(state, record, foreign, control if control_cold else None)
+        on_what = (f"on a hit ({cached_words(record.proof)})" if record.hit
+                   else "on a request whose cache use is unknown")
+        for kind, offset, detail in problems:
+            if not control_cold:
+                self.rq.finding(state, kind, "warn", record, offset=offset,
+                             detail=f"{detail}; no cold control possible (the salted re-send is not proven cold: "
+                                    f"{cached_words(control.proof)})", control_request=control.request)
+            elif kind in control_problems:
+                state.model_failures += 1
+                self.rq.finding(state, kind, "info", record, offset=offset,
+                             detail=f"{detail}; the cold control (request {control.request}) fails the same "
+                                    f"way: the model, not the cache", control_request=control.request)
+            else:
+                self.rq.finding(state, kind, "fail" if record.hit else "warn", record, offset=offset,
+                             detail=f"{detail} {on_what}, while the cold control (request {control.request}) "
+                                    f"is right",
+                             control_request=control.request, cached_tokens=record.proof.low,
+                             control_text=control.text[:400])
+
+    def _single_group(self, state: PhaseState, record: Record, foreign: dict, control: Record | None) -> None:
+        """One four-digit group of another memo's code: a mixed state, or a number the model wrote
+        by chance. Its false-alarm odds are the chance that the four-digit numbers the answer holds
+        hit one of the run's registered groups; below the run's power target, with a cold control
+        that does not write it, it is fail-class."""
+        groups = 3 * max(0, len(self.rq.registry.owners) - (1 if record.memo and record.memo.code else 0))
+        numbers = checks.four_digit_numbers(record.text)
+        odds = checks.false_alarm_odds(numbers, groups)
+        threshold = self.rq.scenario.power.fault_rate or DEFAULT_ALARM_RATE
+        where = dict(code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"], odds=round(odds, 6),
+                     numbers=numbers, registered_groups=groups)
+        base = (f"one group ({foreign['matched']}) of code {foreign['code']} owned by memo {foreign['owner']} at "
+                f"offset {foreign['offset']}; false-alarm odds {pct(odds)} ({numbers} four-digit number(s) "
+                f"against {groups} registered groups)")
+        if control is None:
+            self.rq.finding(state, "foreign_code", "warn", record, offset=foreign["offset"],
+                         detail=f"{base}; no cold control to compare with", **where)
+            return
+        echoed = any(f["code"] == foreign["code"] for f in control.checks.get("foreign", []))
+        if echoed:
+            self.rq.finding(state, "foreign_code", "info", record, offset=foreign["offset"],
+                         detail=f"{base}; the cold control (request {control.request}) writes it too: the model, "
+                                f"not the cache", control_request=control.request, **where)
+        elif odds < threshold:
+            self.rq.finding(state, "foreign_code", "fail", record, offset=foreign["offset"],
+                         detail=f"{base}, below the run's {pct(threshold)} target, and the cold control (request "
+                                f"{control.request}) is clean: a mixed state", control_request=control.request,
+                         **where)
+        else:
+            self.rq.finding(state, "foreign_code", "warn", record, offset=foreign["offset"],
+                         detail=f"{base}, not below the run's {pct(threshold)} target: too likely by chance to "
+                                f"call a leak", control_request=control.request, **where)
+
+    # --- fingerprints ------------------------------------------------------------------------
+
+    async def _cold_fingerprint(self, state: PhaseState, record: Record) -> Fingerprint | None:
+        """The cold run of this exact prompt: this record if it was cold, else one more request."""
+        key = prompt_key(record.spec)
+        known = self.fingerprints.get(key)
+        if known is not None:
+            return known
+        if record.cold:
+            source = record
+        else:
+            source = await self.rq.send(state, dataclasses.replace(record.spec, salt=self.rq.fresh_salt()),
+                                     task=record.task, memo=record.memo, slot=record.slot, round=record.round,
+                                     turn=record.turn, expect="cold", arm="control", of_request=record.request)
+            if not source.cold:
+                return None                      # no cold run to be had (cold_not_cold, or unknown)
+        if not source.completion.logprobs:
+            self._note_once(state, "no_logprobs", "the server returned no log-probabilities: fingerprints "
+                            "cannot be compared", record)
+            return None
+        fingerprint = Fingerprint(record.memo.memo_id, record.task, source.request, source.completion.logprobs)
+        alike = self.fingerprints.add(key, fingerprint)
+        if alike and not state.redraws_memos:    # a phase that re-draws memos judges distinctness itself
+            self.note_indistinct(state, alike[0], fingerprint, record)
+        return fingerprint
+
+    def note_indistinct(self, state: PhaseState, a: Fingerprint, b: Fingerprint, record: Record | None) -> None:
+        self._note_once(state, f"indistinct:{state.name}",
+                        f"memos {a.memo} and {b.memo} have the same fingerprint (requests {a.request} and "
+                        f"{b.request}): leak detection by fingerprint is inconclusive in this phase", record,
+                        inconclusive=True)
+
+    def _note_once(self, state: PhaseState, key: str, detail: str, record: Record | None,
+                   inconclusive: bool = False) -> None:
+        if key in self._fingerprint_notes:
+            return
+        self._fingerprint_notes.add(key)
+        if inconclusive:
+            state.mark_inconclusive(detail)
+        self.rq.finding(state, "fingerprint_indistinct" if inconclusive else "fingerprint_unavailable", "info",
+                     record, detail=detail)
+
+    def fingerprint_verdict(self, record: Record) -> str | None:
+        """match | foreign_state | mismatch for any re-send (isolation), against the cold fingerprints
+        seen so far; None when the prompt has no cold fingerprint or the answer no log-probabilities."""
+        own = self.fingerprints.get(prompt_key(record.spec))
+        if own is None or not record.completion.logprobs:
+            return None
+        return self.fingerprints.compare(record.completion.logprobs, own)[2]
+
+    async def _judge_fingerprint(self, state: PhaseState, record: Record) -> None:
+        tolerance = self.rq.scenario.evidence.fingerprint_tolerance
+        own = await self._cold_fingerprint(state, record)
+        if own is None or not record.hit or own.request == record.request:
+            return
+        run = record.completion.logprobs
+        mine, others, verdict, owner = self.fingerprints.compare(run, own)
+        record.checks["fingerprint"] = {"verdict": verdict, "own_distance": mine.distance,
+                                        "own_agreeing": mine.agreeing, "closest": owner}
+        self.rq.emit(FingerprintCompared(request=record.request, own_request=own.request, verdict=verdict,
+                                             agreeing=mine.agreeing, distance=mine.distance, closest=owner))
+        if verdict == "match":
+            return
+        if verdict == "foreign_state":
+            if owner in self.fingerprints.indistinct_from(own.memo, own.task):
+                return            # the two memos look alike: no telling them apart (noted when seen)
+            theirs = others[owner]
+            self.rq.finding(state, "foreign_state", "fail", record,
+                         detail=(f"the hit's continuation is closer to memo {owner}'s cold fingerprint ({theirs.agreeing} "
+                                 f"tokens agree, log-probabilities within {theirs.distance:.4f}) than to its own "
+                                 f"({mine.agreeing} tokens, {mine.distance:.4f}): another request's state"),
+                         owner=owner, own_request=own.request, own_distance=mine.distance,
+                         owner_distance=theirs.distance)
+            return
+        # Differs from its own fingerprint. A near-tied choice that flips after log-probabilities that
+        # agreed within the tolerance is numerics (prefill from cache runs other batch shapes), not a
+        # wrong state: info, as in the determinism phase.
+        flip = checks.compare_logprobs(own.logprobs, run)
+        if flip.token is not None and flip.near_tie(tolerance):
+            self.rq.finding(state, "fingerprint_mismatch", "info", record,
+                         detail=f"the hit flips a near-tied token at output token {flip.token} ({flip.margin:.4f} nats "
+                                f"behind on the cold path; log-probabilities before it agree to "
+                                f"{flip.max_prefix_delta:.4f}): numerics of prefill from cache, not a wrong state",
+                         own_request=own.request, token=flip.token, margin=flip.margin)
+            return
+        # Fail only if both paths reproduce themselves, REPRODUCE times each: every cold re-run matches
+        # the fingerprint and every re-hit repeats the same deviation. Kernel nondeterminism (top-k
+        # ties, batch-dependent numerics, sparse-attention selection) does neither reliably: measured on
+        # the reference server's wording drift, one cold and one re-hit reproduced a drift by chance in
+        # 3 of 8 quick soaks; three of each make that about 1 in 4,000 a mismatch.
+        colds, rehits = [], []
+        for _ in range(REPRODUCE):
+            colds.append(await self.rq.send(state, dataclasses.replace(record.spec, salt=self.rq.fresh_salt()),
+                                            task=record.task, memo=record.memo, slot=record.slot, round=record.round,
+                                            turn=record.turn, expect="cold", arm="control", of_request=record.request))
+        for _ in range(REPRODUCE):
+            rehits.append(await self.rq.send(state, record.spec, task=record.task, memo=record.memo, slot=record.slot,
+                                             round=record.round, turn=record.turn, expect="hit", arm="control",
+                                             of_request=record.request))
+        cold_same = sum(self.fingerprints.match(c.completion.logprobs, own.logprobs).matches(tolerance) for c in colds)
+        hit_same = sum(r.hit and self.fingerprints.match(r.completion.logprobs, run).matches(tolerance) for r in rehits)
+        where = f"first {mine.agreeing} tokens agree, log-probabilities {mine.distance:.4f} apart"
+        evidence = dict(own_request=own.request, control_requests=[c.request for c in colds],
+                        rehit_requests=[r.request for r in rehits], own_distance=mine.distance,
+                        cold_reproduced=cold_same, hit_reproduced=hit_same)
+        if cold_same == REPRODUCE and hit_same == REPRODUCE:
+            self.rq.finding(state, "fingerprint_mismatch", "fail", record,
+                            detail=(f"the hit differs from its own cold fingerprint ({where}); {REPRODUCE} more cold "
+                                    f"runs reproduce the fingerprint and {REPRODUCE} more hits the deviation: "
+                                    f"corruption on the hit path"), **evidence)
+        else:
+            why = (f"only {cold_same} of {REPRODUCE} more cold runs reproduce the fingerprint"
+                   if cold_same < REPRODUCE else f"only {hit_same} of {REPRODUCE} more hits repeat the deviation")
+            self.rq.finding(state, "fingerprint_mismatch", "info", record,
+                            detail=f"the hit differs from its cold fingerprint ({where}), but {why}: "
+                                   f"not reproducible, the kernel rather than the cache", **evidence)

@@ -1,0 +1,137 @@
+"""One request as the soak saw it (spec, answer, checks, what is known of its cached tokens), the
+answer's text coalesced for the event stream, and small helpers the soak's parts share."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol
+
+import orjson
+
+from ..evidence.memos import Memo
+from ..log.events import AnswerDelta
+from ..server.client import Completion, RequestSpec
+from ..checks.answers import ALL_JUDGES
+from ..config.scenario import Scenario
+from ..evidence.text import Registry
+from ..log.events import Event
+from .proof import UNKNOWN, CacheProof
+
+DELTA_INTERVAL = 0.1          # seconds between coalesced answer deltas per request
+
+
+class DeltaCoalescer:
+    """The answer text as it streams, emitted as AnswerDelta events at most every DELTA_INTERVAL
+    seconds per request (the UI never gets one event per token). Call it with each piece of text;
+    flush() emits what is left when the stream ends."""
+
+    __slots__ = ("emit", "request", "pending", "last")
+
+    def __init__(self, emit, request: int):
+        self.emit = emit
+        self.request = request
+        self.pending: list[str] = []
+        self.last = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        pending = self.pending
+        pending.append(text)
+        now = time.monotonic()
+        if now - self.last >= DELTA_INTERVAL:
+            self.emit(AnswerDelta(request=self.request, text="".join(pending)))
+            pending.clear()
+            self.last = now
+
+    def flush(self) -> None:
+        if self.pending:
+            self.emit(AnswerDelta(request=self.request, text="".join(self.pending)))
+            self.pending.clear()
+
+
+@dataclass
+class Record:
+    request: int
+    phase: str
+    task: str
+    spec: RequestSpec
+    memo: Memo | None
+    slot: int | None
+    round: int | None
+    turn: int | None
+    completion: Completion
+    checks: dict[str, Any]
+    proof: CacheProof = UNKNOWN          # what is known of its cached tokens, and how
+    cold_tolerance: int = 0              # tokens it may reuse and still be cold (before the nonce)
+
+    @property
+    def text(self) -> str:
+        return self.completion.text
+
+    @property
+    def cached(self) -> int | None:
+        """Cached tokens when known exactly (reported, or attributed exactly); None when unknown."""
+        return self.proof.exact
+
+    @property
+    def hit(self) -> bool:
+        """A proven hit: more cached tokens than the template a cold request shares (those before the
+        run nonce), by the server's report or its counter."""
+        return self.proof.low > self.cold_tolerance
+
+    @property
+    def cold(self) -> bool:
+        """Proven cold: at most the tokens before the run nonce were reused."""
+        return self.proof.cold(self.cold_tolerance)
+
+
+async def concurrently(*coroutines):
+    """gather() that cancels the siblings when one fails, so no slot outlives the phase."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def cached_words(proof: CacheProof) -> str:
+    if proof.exact is not None:
+        return f"{proof.exact} cached tokens"
+    if proof.source == "unknown":
+        return "cached tokens unknown"
+    return f"{proof.low}-{proof.high} cached tokens (by counter)" if proof.high is not None \
+        else f"at least {proof.low} cached tokens (by counter)"
+
+
+def pct(value: float) -> str:
+    text = f"{value * 100:.2f}".rstrip("0").rstrip(".")
+    return f"{text}%"
+
+
+def prompt_key(spec: RequestSpec) -> str:
+    body = spec.prompt if spec.prompt is not None else orjson.dumps(spec.messages).decode()
+    return hashlib.sha1(body.encode()).hexdigest()
+
+
+class Sender(Protocol):
+    """What the judge needs of the Requester: send a control, a fresh salt, emit findings."""
+
+    scenario: Scenario
+    registry: Registry
+
+    def emit(self, event: Event) -> Event: ...
+
+    def fresh_salt(self) -> str: ...
+
+    def finding(self, state: Any, kind: str, severity: str, record: Record | None = None, *,
+                offset: int | None = None, detail: str = "", **evidence: Any) -> None: ...
+
+    async def send(self, state: Any, spec: RequestSpec, *, task: str, memo: Memo | None = None,
+                   slot: int | None = None, round: int | None = None, turn: int | None = None,
+                   expect: str = "any", arm: str = "main", of_request: int | None = None,
+                   judges: Iterable[str] = ALL_JUDGES, control: bool = True) -> Record: ...

@@ -1,0 +1,276 @@
+"""What phases use to run a soak: memos, request specs, sending (with the cold control arm and every
+check through the Judge), request numbering and the records kept for isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import Any, Iterable
+
+from ..checks.answers import ALL_JUDGES, evaluate
+from ..evidence.memos import Memo, build_memo, filler_text
+from ..evidence.text import (DETERMINISM_QUESTION, RECALL_QUESTION, SUMMARY_QUESTION, CodeOwner, determinism_suffix,
+                             recall_suffix, summary_suffix)
+from ..evidence.tokens import TokenCounter
+from ..log.events import Finding, MemoPlanted, RequestFinished, RequestStarted, RoundStarted
+from ..server.client import RequestSpec
+from .context import SoakContext
+from .judge import Judge
+from .proof import UNKNOWN, CacheProof, CounterWindows
+from .record import DeltaCoalescer, Record, concurrently
+from .state import PhaseState
+
+KEEP_RECENT = 512             # records kept for isolation beyond the flagged ones (bounded memory)
+CHAT_TEMPLATE_TOKENS = 8      # turn markers a chat template puts before the first message (Gemma: 4)
+
+
+class Requester:
+    """What phases use: make memos, send requests, judge them. It owns request numbering.
+
+    It knows the run only through its SoakContext (no engine): the client, the event stream, the
+    registry of codes, the pause gate, the server's metrics and checkpoint lines, the evidence tally."""
+
+    def __init__(self, ctx: SoakContext, counter: TokenCounter):
+        self.ctx = ctx
+        self.counter = counter
+        self.server = ctx.server
+        self.scenario = ctx.scenario
+        self.registry = ctx.registry
+        self.emit = ctx.emit
+        self.nonce = ctx.nonce
+        server = ctx.server
+        self._next_request = 0
+        self._next_memo = 0
+        self._next_salt = 0
+        self._shared: Memo | None = None
+        # Recent records, for isolation re-runs; flagged ones are kept for the whole run.
+        self._recent: collections.OrderedDict[int, Record] = collections.OrderedDict()
+        self._flagged: dict[int, Record] = {}
+        self.judge = Judge(self)
+        self.fingerprints = self.judge.fingerprints          # the run's cold fingerprints
+        self.long_memo: Memo | None = None
+        # Without per-request cached tokens, the server's counter is attributed to requests in
+        # windows between quiet moments (tui.core.soak.proof).
+        self.windows = (CounterWindows(ctx.scrape, server.cached_counter,
+                                       server.cached_queries or None)
+                        if server.cached_report == "counter" and server.cached_counter else None)
+        self._tolerances: dict[tuple[str, str], int] = {}
+        # A prompt with no run nonce (a user's captured conversation): a cache that matches token by
+        # token (llama.cpp, SGLang) still shares a template's first tokens with whatever it held.
+        self.fallback_tolerance = 8 if server.dialect in ("llamacpp", "sglang") else 0
+
+    async def cold_tolerance(self, spec: RequestSpec) -> int:
+        """Tokens a cold request may share with earlier prompts: those before the run nonce, the
+        first token no other run's prompt carries ("<bos>Memo m05, run "). On a cache that matches
+        in blocks this is below one block and changes nothing; on one that matches token by token
+        (llama.cpp, SGLang's radix cache) a fresh memo does reuse them. Counted with the server's
+        tokenizer when it has one (the count includes the BOS token it adds)."""
+        if spec.prompt is not None:
+            text = spec.prompt
+        else:
+            text = "\n".join(str(m.get("content") or "") for m in spec.messages or [])
+        at = text.find(self.nonce)
+        if at < 0:
+            return self.fallback_tolerance
+        prefix = text[:at]
+        key = (spec.api, prefix)
+        if key not in self._tolerances:
+            tokens = await self.counter.count(prefix) if prefix else 1
+            # a chat template adds its turn markers before the first message's text
+            self._tolerances[key] = tokens + (CHAT_TEMPLATE_TOKENS if spec.api == "chat" else 0)
+        return self._tolerances[key]
+
+    # --- evidence --------------------------------------------------------------------------
+
+    def fresh_salt(self) -> str:
+        self._next_salt += 1
+        return f"hp-{self.nonce}-{self._next_salt}"
+
+    async def memo(self, state: PhaseState, *, tokens: int, with_code: bool = True, slot: int | None = None,
+                   tag: str = "") -> Memo:
+        self._next_memo += 1
+        memo_id = f"m{self._next_memo:02d}{('-' + tag) if tag else ''}"
+        code = self.new_code() if with_code and self.scenario.evidence.codes else None
+        memo = await build_memo(self.counter, memo_id=memo_id, nonce=self.nonce, code=code,
+                                target_tokens=tokens, grid=self.server.grid,
+                                code_position=self.scenario.evidence.code_position, seed=self.scenario.seed)
+        self.register_memo(state, memo, slot=slot)
+        return memo
+
+    def register_memo(self, state: PhaseState, memo: Memo, slot: int | None = None) -> None:
+        """Put the memo's code in the registry and the memo on the event stream."""
+        if memo.code:
+            self.registry.register(CodeOwner(code=memo.code, memo=memo.memo_id, phase=state.name, slot=slot))
+        self.emit(MemoPlanted(memo=memo.memo_id, phase=state.name, code=memo.code, tokens=memo.tokens,
+                                     sizing=memo.sizing, code_offset=memo.code_offset,
+                                     code_tokens=[memo.code_token_start, memo.code_token_end],
+                                     grid=memo.grid, text=memo.text))
+
+    async def filler(self, seed: str, tokens: int) -> str:
+        return await filler_text(self.counter, seed=f"{self.scenario.seed}:{self.nonce}:{seed}",
+                                 tokens=tokens)
+
+    def record(self, request: int | None) -> Record | None:
+        if request is None:
+            return None
+        return self._flagged.get(request) or self._recent.get(request)
+
+    def _remember(self, record: Record) -> None:
+        self._recent[record.request] = record
+        while len(self._recent) > KEEP_RECENT:
+            self._recent.popitem(last=False)
+
+    def round(self, state: PhaseState, round_: int, rounds: int, assignment: dict[str, str]) -> None:
+        self.emit(RoundStarted(phase=state.name, round=round_, rounds=rounds, assignment=assignment))
+
+    async def shared_memo(self, state: PhaseState) -> tuple[Memo, bool]:
+        """The memo phases 1-3 share; (memo, True) the first time it is made (it is cold then)."""
+        if self._shared is not None:
+            return self._shared, False
+        self._shared = await self.memo(state, tokens=self.scenario.evidence.memo_tokens, tag="shared")
+        return self._shared, True
+
+    def question(self, context: str, kind: str, *, max_tokens: int | None = None,
+                 salt: str | None = None, logprobs: int | None = None) -> RequestSpec:
+        """A question about `context`: completion-style for base models, one user turn for chat."""
+        e = self.scenario.evidence
+        suffix, chat_question, default_max = {
+            "recall": (recall_suffix(), f"{RECALL_QUESTION} Reply with the code only.", e.recall_max_tokens),
+            "summary": (summary_suffix(), SUMMARY_QUESTION, e.summary_max_tokens),
+            "determinism": (determinism_suffix(), DETERMINISM_QUESTION, e.summary_max_tokens),
+        }[kind]
+        max_tokens = max_tokens or default_max
+        if self.scenario.api == "chat":
+            return self.spec(messages=[{"role": "user", "content": f"{context}\n\n{chat_question}"}],
+                             max_tokens=max_tokens, salt=salt, logprobs=logprobs)
+        return self.spec(prompt=context + suffix, max_tokens=max_tokens, salt=salt, logprobs=logprobs)
+
+    def spec(self, *, prompt: str | None = None, messages: list | None = None, max_tokens: int,
+             salt: str | None = None, stop: list[str] | None = None, logprobs: int | None = None) -> RequestSpec:
+        s = self.scenario
+        if s.evidence.fingerprints and logprobs is None:
+            logprobs = s.evidence.fingerprint_top_k
+            max_tokens = max(max_tokens, s.evidence.fingerprint_tokens)
+        return RequestSpec(api="chat" if messages is not None else "completions", prompt=prompt,
+                           messages=messages, max_tokens=max_tokens, temperature=s.sampling.temperature,
+                           seed=s.sampling.seed, salt=salt, stop=stop, model=self.server.model, logprobs=logprobs)
+
+    # --- sending -----------------------------------------------------------------------------
+
+    async def send(self, state: PhaseState, spec: RequestSpec, *, task: str, memo: Memo | None = None,
+                   slot: int | None = None, round: int | None = None, turn: int | None = None,
+                   expect: str = "any", arm: str = "main", of_request: int | None = None,
+                   judges: Iterable[str] = ALL_JUDGES, control: bool = True) -> Record:
+        """Send, check, judge. `control=False`: the phase runs its own control arm and judges
+        hit-path problems itself (foreign codes, wrong tasks and cold checks are still judged here)."""
+        if arm != "isolation":               # isolation re-runs go alone while the soak waits
+            await self.ctx.gate.wait()
+        self._next_request += 1
+        index = self._next_request
+        emit = self.emit
+        tail = (spec.prompt or (spec.messages or [{}])[-1].get("content", ""))[-160:]
+        emit(RequestStarted(request=index, phase=state.name, slot=slot, round=round, turn=turn,
+                            memo=memo.memo_id if memo else None, code=memo.code if memo else None,
+                            task=task, arm=arm, of_request=of_request, salt=spec.salt, api=spec.api,
+                            expect=expect, prompt_chars=spec.prompt_chars(), prompt_tail=tail,
+                            max_tokens=spec.max_tokens))
+        on_text = DeltaCoalescer(emit, index)
+        tolerance = await self.cold_tolerance(spec)
+        sent_at = time.monotonic()
+        window = await self.windows.enter() if self.windows is not None else None
+        try:
+            completion = await self.ctx.client.stream(spec, on_text)
+        except BaseException:
+            if window is not None:
+                self.windows.abandon(window)
+            raise
+        if completion.cached_tokens is not None:
+            proof = CacheProof.reported(completion.cached_tokens)
+            if window is not None:
+                await self.windows.leave(window, index, completion.prompt_tokens, tolerance=tolerance)
+        elif window is not None:
+            proof = await self.windows.leave(window, index, completion.prompt_tokens, tolerance=tolerance)
+        else:
+            proof = UNKNOWN
+        cached = proof.exact
+        if self.ctx.checkpoints_seen():
+            await self._await_checkpoint_line(sent_at, cached)
+        on_text.flush()
+        found = evaluate(completion.text, task, memo.code if memo else None, self.registry.codes(),
+                         tuple(judges))
+        if memo is not None and cached and proof.source == "request" and self.server.grid_source == "server":
+            found["block_aligned"] = cached % self.server.grid == 0
+        checkpoint_lines = self.ctx.checkpoints_since(sent_at)
+        restored = [c for c in checkpoint_lines if c.kind == "restored" and c.n_past == cached]
+        if restored:
+            found["checkpoint"] = {"restored": restored[0].n_past, "n_tokens": restored[0].n_tokens}
+        reprocessed = [c for c in checkpoint_lines if c.kind == "full_reprocess"]
+        if reprocessed and not cached:
+            found["checkpoint"] = {"full_reprocess": reprocessed[0].line}
+        emit(RequestFinished(request=index, phase=state.name, slot=slot, round=round, text=completion.text,
+                             prompt_tokens=completion.prompt_tokens, cached_tokens=cached,
+                             ttft=completion.ttft_s, total=completion.total_s,
+                             output_tokens=completion.completion_tokens,
+                             finish_reason=completion.finish_reason, checks=found,
+                             logprobs=completion.logprobs, cached_source=proof.source,
+                             cached_min=proof.low if proof.source != "unknown" else None,
+                             cached_max=proof.high, cold_tolerance=tolerance))
+        record = Record(index, state.name, task, spec, memo, slot, round, turn, completion, found, proof, tolerance)
+        state.note(record, arm)
+        self._remember(record)
+        if arm == "main":
+            await self.judge.judge(state, record, expect, tuple(judges), control)
+        return record
+
+    async def _await_checkpoint_line(self, since: float, cached: int | None, wait: float = 0.5) -> None:
+        """The server logs a hit's checkpoint restore before it answers, but its pipe is read
+        apart from the answer: give the line a moment to arrive (a busy machine needs more)."""
+        deadline = time.monotonic() + (wait if cached else wait / 5)
+        while time.monotonic() < deadline:
+            lines = self.ctx.checkpoints_since(since)
+            if any((c.kind == "restored" and c.n_past == cached) or (not cached and c.kind == "full_reprocess")
+                   for c in lines):
+                return
+            await asyncio.sleep(0.01)
+
+    def finding(self, state: PhaseState, kind: str, severity: str, record: Record | None = None, *,
+                offset: int | None = None, detail: str = "", **evidence: Any) -> None:
+        """Emit a finding (the engine counts it in the running phase); a flagged request's record is
+        kept for the whole run, for isolation."""
+        if record is not None and severity in ("fail", "warn"):
+            self._flagged[record.request] = record
+        self.emit(Finding(
+            kind=kind, severity=severity, phase=state.name,
+            slot=record.slot if record else None, round=record.round if record else None,
+            request=record.request if record else None, offset=offset, detail=detail,
+            memo=record.memo.memo_id if record and record.memo else None, evidence=evidence))
+
+    # --- what phases may ask of the run -----------------------------------------------------------
+
+    def new_code(self) -> str:
+        return self.ctx.codes.new_code()
+
+    @property
+    def metrics_available(self) -> bool:
+        return self.ctx.metrics_available
+
+    async def scrape(self):
+        """The server's metrics now (not recorded as an event); None when it has none."""
+        return await self.ctx.scrape()
+
+    def checked(self, evidence: str) -> tuple[int, int]:
+        """(hits checked with this kind of evidence so far, fail-class faults among them)."""
+        return self.ctx.tally.checked[evidence], self.ctx.tally.failures[evidence]
+
+    def note_indistinct(self, state: PhaseState, a, b, record: Record | None) -> None:
+        self.judge.note_indistinct(state, a, b, record)
+
+    def fingerprint_verdict(self, record: Record) -> str | None:
+        return self.judge.fingerprint_verdict(record)
+
+
+async def run_round(rq: Requester, state: PhaseState, round_: int, rounds: int, slots: int, memo_of, one) -> list:
+    """One round of a concurrent phase: announce which memo each slot gets, send every slot at once."""
+    rq.round(state, round_, rounds, {str(slot): memo_of(slot).memo_id for slot in range(slots)})
+    return await concurrently(*(one(slot, round_) for slot in range(slots)))

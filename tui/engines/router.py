@@ -12,9 +12,12 @@ each on a free loopback port:
 
 Facts measured here (tui/engines/NOTES-router-slots.md has the numbers):
 
-- neither router adds a header naming the worker that served a request: attribution must
-  come from counter deltas (the workers' own llama.cpp counters, or the router's own
-  per-worker counters, see `worker_request_counts`);
+- neither router adds a header naming the worker that served a request; but llama-server
+  puts its own alias in the `model` field of every answer (ignoring the request's), so each
+  replica here serves under its own alias MODEL@i (`replica_index`), which names the replica
+  per request even under concurrency; without that, attribution comes from counter deltas
+  (the workers' own llama.cpp counters, or the router's per-worker counter, see
+  `worker_request_counts`, both exact for a request sent alone);
 - both pass the worker's JSON through untouched: `usage.prompt_tokens_details.cached_tokens`
   and llama.cpp's `timings` arrive intact, streaming and not;
 - vllm-router answers `/v1/models` from a worker; sglang-router answers it itself with the
@@ -27,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -204,15 +207,16 @@ def plan_cluster(
 
     if n < 1:
         raise SetupError(f"a cluster needs at least one worker, not {n}")
-    kind = router_kind(router)
+    router_kind(router)
+    if ports is not None and len(ports) != n + 2:
+        raise SetupError(f"plan_cluster needs {n + 2} ports for {n} workers, got {len(ports)}")
     if not _venv().exists() or not (engine_home(HOME) / "info.json").exists():
         raise SetupError(f"{router} is not set up yet: run prepare_router() first")
     if ports is None:
         ports = _distinct_ports(n + 2)
-    elif len(ports) != n + 2:
-        raise SetupError(f"plan_cluster needs {n + 2} ports for {n} workers, got {len(ports)}")
     workers = tuple(
-        launch_spec(engine, port=ports[i], model=model, extra_args=worker_extra_args) for i in range(n)
+        _as_replica(launch_spec(engine, port=ports[i], model=model, extra_args=worker_extra_args), i)
+        for i in range(n)
     )
     port, metrics_port = ports[n], ports[n + 1]
     tokenizer = local_tokenizer(model) if router == "sglang-router" else None
@@ -227,12 +231,41 @@ def plan_cluster(
         "worker_engine": workers[0].facts.get("engine_version") or engine,
         "retries": "disabled (--disable-retries)",
         "tokenizer_path": str(tokenizer) if tokenizer else None,
-        "attribution": "per-worker counter deltas (no router adds a header naming the worker)",
+        "attribution": ("the answer's model field (each llama.cpp replica serves as MODEL@i); "
+                        "else per-worker counter deltas (no router adds a header naming the worker)"),
     }
     front = EngineLaunch(router, model, argv, child_env(env_add), env_add, f"http://127.0.0.1:{port}",
                          STARTUP_TIMEOUT, {k: v for k, v in facts.items() if v is not None})
     return ClusterPlan(router, policy, workers, front, f"http://127.0.0.1:{metrics_port}/metrics",
                        dict(front.facts))
+
+
+REPLICA_SEPARATOR = "@"
+
+
+def replica_alias(model: str, index: int) -> str:
+    """The name replica `index` serves under: llama-server puts it in the `model` field of every
+    answer and stream chunk, whatever model name the request carried (measured), and both
+    routers pass the body through, so each answer names the replica that produced it."""
+    return f"{model}{REPLICA_SEPARATOR}{index}"
+
+
+def replica_index(answer_model: object) -> int | None:
+    """The replica index in an answer's `model` field ('gemma3-270m@1' -> 1), None if there is none."""
+    if not isinstance(answer_model, str) or REPLICA_SEPARATOR not in answer_model:
+        return None
+    tail = answer_model.rsplit(REPLICA_SEPARATOR, 1)[1]
+    return int(tail) if tail.isdigit() else None
+
+
+def _as_replica(launch: EngineLaunch, index: int) -> EngineLaunch:
+    """A llama.cpp launch with its --alias made replica-specific (other engines unchanged)."""
+    if launch.engine != "llamacpp" or "--alias" not in launch.argv:
+        return launch
+    argv = list(launch.argv)
+    alias = replica_alias(launch.model, index)
+    argv[argv.index("--alias") + 1] = alias
+    return replace(launch, argv=argv, facts={**launch.facts, "replica": index, "served_as": alias})
 
 
 def _distinct_ports(count: int) -> list[int]:
@@ -411,5 +444,6 @@ def served_by(before: dict[str, dict[str, float]], after: dict[str, dict[str, fl
 __all__ = [
     "ROUTERS", "DEFAULT_ROUTER", "DEFAULT_POLICY", "RouterKind", "ClusterPlan", "Cluster",
     "prepare_router", "plan_cluster", "router_argv", "router_version", "local_tokenizer",
+    "replica_alias", "replica_index",
     "worker_health", "worker_request_counts", "llamacpp_counters", "scrape_workers", "served_by",
 ]

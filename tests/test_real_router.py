@@ -84,7 +84,7 @@ async def test_round_robin_router_serves_from_both_replicas_and_passes_cache_rep
                      - before[worker]["llamacpp:prompt_tokens_cached_total"])
             assert delta == cached  # the serving replica's counter agrees with the response
             if i >= 2:  # both replicas have seen the prompt once
-                assert cached >= usage["prompt_tokens"] - 2, (i, usage)
+                assert cached >= 0.9 * usage["prompt_tokens"], (i, usage)  # llama.cpp re-evaluates a few
             else:
                 assert cached <= 2, (i, usage)  # cold (at most <bos> and a shared first token)
             assert not any("worker" in k.lower() or "upstream" in k.lower() for k in headers), headers

@@ -203,6 +203,7 @@ async def test_damaged_slot_files(pair):
             assert wrong["cache_n"] == saved.tokens and not same_answer(wrong, reference)
             # requests that do not use the damaged slot stay correct
             assert same_answer(await complete(client, b_url, other, 3), other_cold)
+            assert same_answer(await complete(client, b_url, other, 2), other_cold)
             # but the damaged slot stays poisoned: the saved prompt, re-processed there from its
             # first token, still answers wrong (measured on both hybrid models)
             poisoned = await complete(client, b_url, prompt, 2)

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from . import llamacpp, vllm
 from .common import EngineLaunch, SetupError, cache_dir
@@ -30,6 +30,13 @@ def prepare(engine: str, *, model: str = "gemma3-270m", progress: Callable[[str]
     _module(engine).prepare(model, progress)
 
 
-def launch_spec(engine: str, *, port: int, model: str = "gemma3-270m") -> EngineLaunch:
-    """How to start the engine's server on 127.0.0.1:port; SetupError if prepare() has not run."""
+def launch_spec(engine: str, *, port: int, model: str = "gemma3-270m", extra_args: Sequence[str] = ()) -> EngineLaunch:
+    """How to start the engine's server on 127.0.0.1:port; SetupError if prepare() has not run.
+
+    extra_args are appended to the server's command line (llama.cpp only so far).
+    """
+    if extra_args and engine != "llamacpp":
+        raise SetupError(f"extra_args are supported for llamacpp only, not {engine}")
+    if extra_args:
+        return _module(engine).launch_spec(port=port, model=model, extra_args=tuple(extra_args))
     return _module(engine).launch_spec(port=port, model=model)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Sequence
 
 from . import tiny
 from .common import (
@@ -85,6 +86,24 @@ def _engine_steps(s: Setup, venv: Path, package: str) -> list[Step]:
     ]
 
 
+def cpu_has_amx(cpuinfo: str | None = None) -> bool:
+    """The CPU advertises Intel AMX (ggml then repacks quantized weights into AMX tiles)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return False
+    return any(line.startswith("flags") and " amx_int8" in line for line in cpuinfo.splitlines())
+
+
+def repack_args() -> list[str]:
+    """`--no-repack` on an AMX CPU: there the AMX weight buffers crash llama-server at start
+    (SIGILL / general protection fault in libggml-cpu during the first graph run, seen on a
+    Sapphire-Rapids-class VM that lists amx_int8 but faults on tile instructions). Without
+    repacking, the weights stay in the plain CPU buffer; f32 models are never repacked."""
+    return ["--no-repack"] if cpu_has_amx() else []
+
+
 def _runs(binary: str) -> bool:
     try:
         return subprocess.run([binary, "--version"], capture_output=True, timeout=30).returncode == 0
@@ -101,10 +120,11 @@ def _ensure_runnable(binary: str) -> None:
         raise SetupError(f"{binary} does not run (try removing {engine_home(ENGINE)} and setting up again)")
 
 
-def launch_spec(*, port: int, model: str) -> EngineLaunch:
+def launch_spec(*, port: int, model: str, extra_args: Sequence[str] = ()) -> EngineLaunch:
+    """extra_args go at the end of llama-server's command line (e.g. --slot-save-path DIR)."""
     info = read_info(ENGINE)
     if tiny.is_tiny(model):
-        return _tiny_launch(info, port=port, model=model)
+        return _tiny_launch(info, port=port, model=model, extra_args=extra_args)
     if model not in info or not Path(info[model]["gguf"]).is_file():
         raise SetupError(f"{model} is not set up for llamacpp yet: run prepare('llamacpp', model={model!r}) first")
     binary, gguf = info["binary"], info[model]["gguf"]
@@ -115,6 +135,8 @@ def launch_spec(*, port: int, model: str) -> EngineLaunch:
         "-c", str(CONTEXT), "--parallel", str(SLOTS), "--metrics",
         "--jinja", "--chat-template-file", str(CHAT_TEMPLATE),  # the GGUF carries no chat template
         "--poll", "0",      # no busy-polling: on 2 shared cores it slowed prefill many times over
+        *repack_args(),
+        *extra_args,
     ]
     facts = {
         "engine_version": info.get("engine_version"),
@@ -124,13 +146,15 @@ def launch_spec(*, port: int, model: str) -> EngineLaunch:
         "slots": SLOTS,
         "chat_template": str(CHAT_TEMPLATE),
     }
+    if "--no-repack" in argv:
+        facts["weight_repack"] = "off (--no-repack: AMX CPU)"
     return EngineLaunch(ENGINE, model, argv, child_env(), {}, f"http://127.0.0.1:{port}", STARTUP_TIMEOUT, facts)
 
 
-def _tiny_launch(info: dict, *, port: int, model: str) -> EngineLaunch:
+def _tiny_launch(info: dict, *, port: int, model: str, extra_args: Sequence[str] = ()) -> EngineLaunch:
     facts = tiny.launch_facts(model)  # SetupError if the model is not built
     binary = info["binary"]
     _ensure_runnable(binary)
-    argv = tiny.launch_argv(binary, facts["model_path"], model, port)
+    argv = [*tiny.launch_argv(binary, facts["model_path"], model, port), *extra_args]
     facts = {"engine_version": info.get("engine_version"), **facts}
     return EngineLaunch(ENGINE, model, argv, child_env(), {}, f"http://127.0.0.1:{port}", tiny.STARTUP_TIMEOUT, facts)

@@ -1,0 +1,449 @@
+"""Real routers in front of several embedded servers: vllm-router and sglang-router.
+
+Both are Rust binaries shipped as PyPI wheels (no GPU needed). They are set up on first use
+in their own venv under cache_dir()/router (pinned versions, about 20 s with pip's cache, 220 MB),
+and a *cluster plan* says how to start N llama.cpp servers and one router in front of them,
+each on a free loopback port:
+
+    prepare_router(progress=print)                       # idempotent; instant once done
+    plan = plan_cluster(2, router="vllm-router", policy="round_robin")
+    async with Cluster(plan) as cluster:                 # workers first, then the router
+        ...  # send requests to cluster.url; cluster.worker_urls are the replicas
+
+Facts measured here (tui/engines/NOTES-router-slots.md has the numbers):
+
+- neither router adds a header naming the worker that served a request; but llama-server
+  puts its own alias in the `model` field of every answer (ignoring the request's), so each
+  replica here serves under its own alias MODEL@i (`replica_index`), which names the replica
+  per request even under concurrency; without that, attribution comes from counter deltas
+  (the workers' own llama.cpp counters, or the router's per-worker counter, see
+  `worker_request_counts`, both exact for a request sent alone);
+- both pass the worker's JSON through untouched: `usage.prompt_tokens_details.cached_tokens`
+  and llama.cpp's `timings` arrive intact, streaming and not;
+- vllm-router answers `/v1/models` from a worker; sglang-router answers it itself with the
+  model id "unknown" (it cannot read a llama.cpp worker's model info), and llama-server
+  ignores the model field of a request, so requests still work through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+import httpx
+
+from ..core.launch import LaunchError, ServerProcess, free_port
+from .common import (
+    EngineLaunch, Progress, Setup, SetupError, Step, cache_dir, child_env, engine_home, read_info,
+    venv_python, write_info,
+)
+
+HOME = "router"  # cache_dir()/router: venv, info.json, step markers
+
+
+@dataclass(frozen=True)
+class RouterKind:
+    name: str  # hitproof's name for it
+    package: str  # pinned PyPI requirement
+    module: str  # `python -m MODULE` starts it
+    policies: tuple[str, ...]  # --policy choices of the pinned version
+    metrics_prefix: str  # its own Prometheus names start with this
+    per_worker_counter: str  # a counter with a worker="URL" label that counts served requests
+    per_worker_outcome: str | None  # label value that counter must have in `outcome`, if any
+
+
+ROUTERS = {
+    "vllm-router": RouterKind(
+        "vllm-router", "vllm-router==0.1.17", "vllm_router.launch_router",
+        ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
+         "sticky_least_loaded"),
+        "vllm_router_", "vllm_router_processed_requests_total", None,
+    ),
+    "sglang-router": RouterKind(
+        "sglang-router", "sglang-router==0.3.2", "sglang_router.launch_router",
+        ("random", "round_robin", "cache_aware", "power_of_two", "manual"),
+        "smg_", "smg_worker_cb_outcomes_total", "success",
+    ),
+}
+DEFAULT_ROUTER = "vllm-router"
+# round_robin: every replica gets every other request, so hits land on both (cache_aware sent
+# nearly everything to one worker here: see the notes).
+DEFAULT_POLICY = "round_robin"
+STARTUP_TIMEOUT = 60.0  # the router itself starts in well under a second
+WORKERS_TIMEOUT = 60.0  # after it answers, until it routes to every worker
+
+
+def router_kind(router: str) -> RouterKind:
+    try:
+        return ROUTERS[router]
+    except KeyError:
+        raise SetupError(f"unknown router {router!r}; choose one of {', '.join(ROUTERS)}") from None
+
+
+def _venv() -> Path:
+    return engine_home(HOME) / "venv"
+
+
+# -- setup ------------------------------------------------------------------------------
+
+
+def prepare_router(progress: Progress = print) -> None:
+    """Install both routers (pinned) into their own venv once; later calls return at once."""
+    venv = _venv()
+    packages = [kind.package for kind in ROUTERS.values()]
+    with Setup(HOME, progress) as s:
+
+        def install() -> None:
+            s.pip("install routers", venv, "install", *packages)
+
+        def check() -> None:
+            code = (
+                "import json, importlib.metadata as m; "
+                f"print(json.dumps({{p: m.version(p) for p in {[k.name for k in ROUTERS.values()]!r}}}))"
+            )
+            versions = json.loads(s.python("check routers", venv, code))
+            for kind in ROUTERS.values():  # the module must import and parse its own --help
+                s.run("check routers", [str(venv_python(venv)), "-m", kind.module, "--help"], show=lambda line: False)
+            write_info(HOME, {"versions": versions})
+
+        s.steps([
+            Step("create venv", f"venv {HOME}", lambda: s.create_venv("create venv", venv),
+                 check=lambda: venv_python(venv).exists()),
+            Step("install routers", " ".join(packages), install),
+            Step("check routers", " ".join(packages), check, check=lambda: (engine_home(HOME) / "info.json").exists()),
+        ])
+
+
+def router_version(router: str) -> str:
+    kind = router_kind(router)
+    versions = read_info(HOME).get("versions", {})
+    return f"{kind.name} {versions.get(kind.name, '?')}"
+
+
+def local_tokenizer(model: str = "gemma3-270m") -> Path | None:
+    """A local Hugging Face tokenizer folder for sglang-router's --tokenizer-path, if one exists.
+
+    The vLLM setup converts Gemma into such a folder; the tiny models' tokenizer lies in the
+    tiny build's cache. Without one, sglang-router logs that it will ask the worker (it does
+    not reach for a hub when no --model-path is given: measured, see the notes).
+    """
+    candidates = [cache_dir() / "models" / f"{model}-hf", cache_dir() / "tiny" / "tokenizer"]
+    wanted = candidates[:1] if model == "gemma3-270m" else candidates[1:]
+    for folder in wanted:
+        if (folder / "tokenizer.json").is_file():
+            return folder
+    return None
+
+
+# -- launch plan ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """N worker launches and one router launch, every one on its own free loopback port."""
+
+    router: str
+    policy: str
+    workers: tuple[EngineLaunch, ...]
+    front: EngineLaunch  # the router's own launch (engine = router name)
+    metrics_url: str  # the router's Prometheus endpoint
+    facts: dict = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.front.url
+
+    @property
+    def worker_urls(self) -> list[str]:
+        return [w.url for w in self.workers]
+
+
+def router_argv(router: str, *, port: int, metrics_port: int, worker_urls: Sequence[str], policy: str,
+                tokenizer: Path | None = None, extra_args: Sequence[str] = ()) -> list[str]:
+    """The router's command line: loopback only, metrics on loopback, no retries on another worker.
+
+    Retries are off so that a worker's error reaches the client instead of being answered
+    silently by the other replica (which would also make the attribution of that request wrong).
+    """
+    kind = router_kind(router)
+    if policy not in kind.policies:
+        raise SetupError(f"{router} has no policy {policy!r}; choose one of {', '.join(kind.policies)}")
+    if not worker_urls:
+        raise SetupError(f"{router} needs at least one worker URL")
+    argv = [
+        str(venv_python(_venv())), "-m", kind.module,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--worker-urls", *worker_urls,
+        "--policy", policy,
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+        "--disable-retries",
+        "--log-level", "info",
+    ]
+    if router == "sglang-router" and tokenizer is not None:
+        argv += ["--tokenizer-path", str(tokenizer)]
+    return argv + list(extra_args)
+
+
+def plan_cluster(
+    n: int = 2,
+    *,
+    router: str = DEFAULT_ROUTER,
+    policy: str = DEFAULT_POLICY,
+    engine: str = "llamacpp",
+    model: str = "gemma3-270m",
+    worker_extra_args: Sequence[str] = (),
+    router_extra_args: Sequence[str] = (),
+    ports: Sequence[int] | None = None,
+) -> ClusterPlan:
+    """How to start n servers of `engine` and a router; SetupError if something is not set up.
+
+    `ports`, when given, is n + 2 ports: the workers', the router's, the router's metrics.
+    """
+    from . import launch_spec  # the package's dispatcher (vllm or llamacpp)
+
+    if n < 1:
+        raise SetupError(f"a cluster needs at least one worker, not {n}")
+    router_kind(router)
+    if ports is not None and len(ports) != n + 2:
+        raise SetupError(f"plan_cluster needs {n + 2} ports for {n} workers, got {len(ports)}")
+    if not _venv().exists() or not (engine_home(HOME) / "info.json").exists():
+        raise SetupError(f"{router} is not set up yet: run prepare_router() first")
+    if ports is None:
+        ports = _distinct_ports(n + 2)
+    workers = tuple(
+        _as_replica(launch_spec(engine, port=ports[i], model=model, extra_args=worker_extra_args), i)
+        for i in range(n)
+    )
+    port, metrics_port = ports[n], ports[n + 1]
+    tokenizer = local_tokenizer(model) if router == "sglang-router" else None
+    argv = router_argv(router, port=port, metrics_port=metrics_port, worker_urls=[w.url for w in workers],
+                       policy=policy, tokenizer=tokenizer, extra_args=router_extra_args)
+    env_add = {"NO_COLOR": "1"}  # plain log lines (the Rust logger colours them otherwise)
+    facts = {
+        "router": router_version(router),
+        "policy": policy,
+        "replicas": n,
+        "worker_urls": [w.url for w in workers],
+        "worker_engine": workers[0].facts.get("engine_version") or engine,
+        "retries": "disabled (--disable-retries)",
+        "tokenizer_path": str(tokenizer) if tokenizer else None,
+        "attribution": ("the answer's model field (each llama.cpp replica serves as MODEL@i); "
+                        "else per-worker counter deltas (no router adds a header naming the worker)"),
+    }
+    front = EngineLaunch(router, model, argv, child_env(env_add), env_add, f"http://127.0.0.1:{port}",
+                         STARTUP_TIMEOUT, {k: v for k, v in facts.items() if v is not None})
+    return ClusterPlan(router, policy, workers, front, f"http://127.0.0.1:{metrics_port}/metrics",
+                       dict(front.facts))
+
+
+REPLICA_SEPARATOR = "@"
+
+
+def replica_alias(model: str, index: int) -> str:
+    """The name replica `index` serves under: llama-server puts it in the `model` field of every
+    answer and stream chunk, whatever model name the request carried (measured), and both
+    routers pass the body through, so each answer names the replica that produced it."""
+    return f"{model}{REPLICA_SEPARATOR}{index}"
+
+
+def replica_index(answer_model: object) -> int | None:
+    """The replica index in an answer's `model` field ('gemma3-270m@1' -> 1), None if there is none."""
+    if not isinstance(answer_model, str) or REPLICA_SEPARATOR not in answer_model:
+        return None
+    tail = answer_model.rsplit(REPLICA_SEPARATOR, 1)[1]
+    return int(tail) if tail.isdigit() else None
+
+
+def _as_replica(launch: EngineLaunch, index: int) -> EngineLaunch:
+    """A llama.cpp launch with its --alias made replica-specific (other engines unchanged)."""
+    if launch.engine != "llamacpp" or "--alias" not in launch.argv:
+        return launch
+    argv = list(launch.argv)
+    alias = replica_alias(launch.model, index)
+    argv[argv.index("--alias") + 1] = alias
+    return replace(launch, argv=argv, facts={**launch.facts, "replica": index, "served_as": alias})
+
+
+def _distinct_ports(count: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+# -- running a cluster ------------------------------------------------------------------
+
+
+class Cluster:
+    """Start a plan's workers (concurrently), then its router; stop everything, router first.
+
+    Ready means: every worker answers /health and /v1/models, the router answers both, and the
+    router's own metrics list every worker as healthy (it registers workers in the background,
+    so its /health can answer before it routes anywhere).
+    """
+
+    def __init__(self, plan: ClusterPlan, *, on_line: Callable[[str, str], None] | None = None) -> None:
+        self.plan = plan
+        self.on_line = on_line
+        self.workers = [
+            ServerProcess(w.argv, url=w.url, env=w.env, on_line=self._tagger(f"worker{i}"))
+            for i, w in enumerate(plan.workers)
+        ]
+        self.router = ServerProcess(plan.front.argv, url=plan.front.url, env=plan.front.env,
+                                    on_line=self._tagger(plan.router))
+
+    def _tagger(self, tag: str) -> Callable[[str], None] | None:
+        if self.on_line is None:
+            return None
+        on_line = self.on_line
+        return lambda line: on_line(tag, line)
+
+    @property
+    def url(self) -> str:
+        return self.plan.url
+
+    @property
+    def worker_urls(self) -> list[str]:
+        return self.plan.worker_urls
+
+    async def start(self, progress: Callable[[str], None] | None = None) -> None:
+        try:
+            for server in self.workers:
+                await server.start()
+            timeout = max(w.startup_timeout for w in self.plan.workers)
+            await asyncio.gather(*(s.wait_ready(timeout, progress) for s in self.workers))
+            await self.router.start()
+            await self.router.wait_ready(self.plan.front.startup_timeout, progress)
+            await self._wait_routing(WORKERS_TIMEOUT)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _wait_routing(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        healthy: set[str] = set()
+        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+            while True:
+                if self.router.exited.is_set():
+                    raise LaunchError(f"{self.plan.router} exited with code {self.router.returncode}: "
+                                      f"{self.router.last_line()}")
+                try:
+                    text = (await client.get(self.plan.metrics_url)).text
+                    healthy = {url for url, up in worker_health(text).items() if up}
+                except httpx.HTTPError:
+                    pass
+                if healthy >= set(self.worker_urls):
+                    return
+                if time.monotonic() >= deadline:
+                    missing = ", ".join(sorted(set(self.worker_urls) - healthy))
+                    raise LaunchError(f"{self.plan.router} does not route to {missing} after {timeout:.0f}s")
+                await asyncio.sleep(0.25)
+
+    async def stop(self) -> None:
+        await self.router.stop()
+        await asyncio.gather(*(s.stop() for s in self.workers))
+
+    async def __aenter__(self) -> "Cluster":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+
+# -- reading the router's and the workers' counters -------------------------------------
+
+
+def _samples(text: str):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        for family in text_string_to_metric_families(text):
+            yield from family.samples
+    except ValueError:
+        return
+
+
+def worker_health(metrics_text: str) -> dict[str, bool]:
+    """worker URL -> healthy, from a router's own /metrics (both routers export it per worker)."""
+    out: dict[str, bool] = {}
+    for sample in _samples(metrics_text):
+        if sample.name in ("vllm_router_worker_health", "smg_worker_health") and "worker" in sample.labels:
+            out[sample.labels["worker"]] = sample.value >= 1
+    return out
+
+
+def worker_request_counts(router: str, metrics_text: str) -> dict[str, float]:
+    """worker URL -> requests the router has sent it and got an answer (its own counter).
+
+    The difference of two readings around a request sent alone names the worker that served it.
+    """
+    kind = router_kind(router)
+    out: dict[str, float] = {}
+    for sample in _samples(metrics_text):
+        name = sample.name
+        if name != kind.per_worker_counter and name + "_total" != kind.per_worker_counter:
+            continue
+        if "worker" not in sample.labels:
+            continue
+        if kind.per_worker_outcome and sample.labels.get("outcome") != kind.per_worker_outcome:
+            continue
+        url = sample.labels["worker"]
+        out[url] = out.get(url, 0.0) + sample.value
+    return out
+
+
+# llama.cpp's own counters (with --metrics): prompt tokens processed, prompt tokens taken from the
+# cache, tokens generated. A request adds its prompt_n, cache_n and predicted count to them.
+LLAMACPP_COUNTERS = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total",
+                     "llamacpp:tokens_predicted_total")
+
+
+def llamacpp_counters(metrics_text: str) -> dict[str, float]:
+    wanted = {name.replace(":", "_") for name in LLAMACPP_COUNTERS} | set(LLAMACPP_COUNTERS)
+    out: dict[str, float] = {}
+    for sample in _samples(metrics_text):
+        for name in (sample.name, sample.name + "_total"):
+            if name in wanted:
+                out[name if ":" in name else name.replace("llamacpp_", "llamacpp:", 1)] = sample.value
+    return out
+
+
+async def scrape_workers(urls: Sequence[str], client: httpx.AsyncClient | None = None) -> dict[str, dict[str, float]]:
+    """Each worker's llama.cpp counters (an empty dict for a worker that did not answer)."""
+    own = client is None
+    client = client or httpx.AsyncClient(timeout=10.0, trust_env=False)
+    try:
+        async def one(url: str) -> dict[str, float]:
+            try:
+                r = await client.get(url.rstrip("/") + "/metrics")
+            except httpx.HTTPError:
+                return {}
+            return llamacpp_counters(r.text) if r.status_code == 200 else {}
+
+        values = await asyncio.gather(*(one(u) for u in urls))
+        return dict(zip(urls, values))
+    finally:
+        if own:
+            await client.aclose()
+
+
+def served_by(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> list[str]:
+    """Workers whose generated-token counter moved between two scrapes (one name for a request sent alone)."""
+    key = "llamacpp:tokens_predicted_total"
+    return [url for url in after
+            if key in after[url] and key in before.get(url, {}) and after[url][key] > before[url][key]]
+
+
+__all__ = [
+    "ROUTERS", "DEFAULT_ROUTER", "DEFAULT_POLICY", "RouterKind", "ClusterPlan", "Cluster",
+    "prepare_router", "plan_cluster", "router_argv", "router_version", "local_tokenizer",
+    "replica_alias", "replica_index",
+    "worker_health", "worker_request_counts", "llamacpp_counters", "scrape_workers", "served_by",
+]

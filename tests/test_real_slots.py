@@ -23,7 +23,7 @@ import os
 import httpx
 import pytest
 
-from tui.core.launch import ServerProcess, free_port
+from tui.core.server.launch import ServerProcess, free_port
 from tui.engines import launch_spec, prepare
 from tui.engines.slots import SlotClient, SlotError
 

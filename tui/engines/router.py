@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 
 import httpx
 
-from ..core.launch import LaunchError, ServerProcess, free_port
+from ..core.server.launch import LaunchError, ServerProcess, free_port
 from .common import (
     EngineLaunch, Progress, Setup, SetupError, Step, cache_dir, child_env, engine_home, read_info,
     venv_python, write_info,

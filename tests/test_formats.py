@@ -151,8 +151,8 @@ def test_markdown_lists_findings_by_kind_with_offsets(logs):
     fails = [f for f in report.findings if f.severity == "fail"]
     assert len(rows) == len(fails)
     for f in fails:
-        cells = f"| fail | `{f.kind}` | {f.phase} | {'' if f.slot is None else f.slot} | " \
-                f"{'' if f.round is None else f.round} | {f.request} | {'' if f.offset is None else f.offset} |"
+        cells = f"| fail | `{f.kind}` | {f.phase} | {'-' if f.slot is None else f.slot} | " \
+                f"{'-' if f.round is None else f.round} | {f.request} | {'-' if f.offset is None else f.offset} |"
         assert any(row.startswith(cells) for row in rows), cells
     # fail first, then warn and info
     severities = [line.split("|")[1].strip() for line in md.splitlines()

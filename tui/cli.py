@@ -170,7 +170,8 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
     plan = None
     if args.profile:        # validated (exit 2) before anything starts
         profile = load_profile(resolve_profile_path(args.profile))
-        plan = profile.plan()
+        from .engines import placeholders
+        plan = profile.plan(placeholders=placeholders())
         if args.startup_timeout is not None:
             plan.startup_timeout = args.startup_timeout
     elif args.launch:

@@ -12,7 +12,8 @@ from rich.text import Text
 
 from .core.log.events import (Event, Finding, IsolationFinished, IsolationStarted, PhaseFinished, PhaseStarted,
                               RequestFinished, RequestStarted, RunFinished, ServerInfo, ServerLog)
-from .core.report.formats import _determinism_line, _kv, _sampling, _settings
+from .core.report import fmt
+from .core.report.formats import _determinism_line, _sampling, _settings
 from .core.report.latency import table_lines
 from .core.report.power import power_line
 from .core.report.report import RunReport
@@ -105,7 +106,7 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
         table.add_row(
             name, Text(phase.get("status", "?"), style=STATUS_STYLE.get(phase.get("status", ""), "")),
             str(phase.get("requests", "")), str(phase.get("hits", "")), str(phase.get("cached_tokens", "")),
-            _ms(phase.get("ttft_cold_ms")), _ms(phase.get("ttft_hit_ms")),
+            fmt.duration_ms(phase.get("ttft_cold_ms")), fmt.duration_ms(phase.get("ttft_hit_ms")),
             f"{counts.get('fail', 0)}/{counts.get('warn', 0)}/{counts.get('info', 0)}")
     lines: list = [table]
     proof = proof_line(report)
@@ -156,12 +157,6 @@ def proof_line(report: RunReport) -> str:
     return ""
 
 
-def _ms(value) -> str:
-    if value is None:
-        return ""
-    return f"{value:,.0f} ms" if value < 10_000 else f"{value / 1000:,.1f} s"
-
-
 # --- text ----------------------------------------------------------------------------------
 
 def report_text(report: RunReport) -> str:
@@ -177,7 +172,7 @@ def report_text(report: RunReport) -> str:
     if header is not None:
         console.print(Text(f"run {header.run_id} at {header.started_at}, scenario "
                            f"{header.scenario.get('name')}, seed {_settings(report).get('seed')}, sampling "
-                           f"{_kv(_sampling(report)) or 'default'}"))
+                           f"{fmt.kv(_sampling(report)) or 'default'}"))
     console.print(summary_renderable(report))
     console.print(Text(power_line(report)))
     return _ANSI.sub("", out.getvalue())

@@ -227,4 +227,6 @@ async def run_embedded(scenario: Scenario, engine: str, model: str, *, bus: Even
 
 async def run_profile(scenario: Scenario, profile: Profile, **kwargs) -> Outcome:
     """Launch a profile's server on a fresh port, soak it, stop it (see run_launched)."""
-    return await run_launched(scenario, profile.plan(), **kwargs)
+    from .engines import placeholders    # {llama_server}, {models}: the embedded engines know them
+
+    return await run_launched(scenario, profile.plan(placeholders=placeholders()), **kwargs)

@@ -7,7 +7,8 @@ from textual.containers import Grid, VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from ..core.report.latency import LatencyFold, format_seconds, histogram, percentile
+from ..core.report import fmt
+from ..core.report.latency import LatencyFold, histogram, percentile
 from .model import RunModel
 from .render import metrics_line, phase_table, slot_panel
 
@@ -165,7 +166,7 @@ def ttft_histogram(latency: LatencyFold, bins: int = 12) -> Text:
     if not edges:
         out.append("none yet", style="grey50")
         return out
-    out.append(f"{format_seconds(edges[0])}..{format_seconds(edges[-1])}", style="grey70")
+    out.append(f"{fmt.seconds(edges[0])}..{fmt.seconds(edges[-1])}", style="grey70")
     for arm in ("cold", "hit"):
         row = counts[arm]
         top = max(row) if row else 0
@@ -179,7 +180,7 @@ def ttft_histogram(latency: LatencyFold, bins: int = 12) -> Text:
     out.append("\np50 ", style="grey70")
     for arm in ("cold", "hit"):
         values = series[arm]
-        out.append(format_seconds(percentile(sorted(values), 0.5)) if values else "-", style=TTFT_STYLE[arm])
+        out.append(fmt.seconds(percentile(sorted(values), 0.5)) if values else "-", style=TTFT_STYLE[arm])
         if arm == "cold":
             out.append(" / ", style="grey70")
     return out

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 from . import llamacpp, vllm
 from .common import EngineLaunch, SetupError, cache_dir
 
-__all__ = ["ENGINES", "EngineLaunch", "SetupError", "cache_dir", "prepare", "launch_spec"]
+__all__ = ["ENGINES", "EngineLaunch", "SetupError", "cache_dir", "placeholders", "prepare", "launch_spec"]
 
 ENGINES = ("vllm", "llamacpp")
 _MODULES = {"vllm": vllm, "llamacpp": llamacpp}
@@ -40,3 +40,18 @@ def launch_spec(engine: str, *, port: int, model: str = "gemma3-270m", extra_arg
     if extra_args:
         return _module(engine).launch_spec(port=port, model=model, extra_args=tuple(extra_args))
     return _module(engine).launch_spec(port=port, model=model)
+
+
+def placeholders() -> dict[str, Callable[[], str]]:
+    """Values of the launch profiles' {llama_server} and {models} (tui.core.server.profiles)."""
+    from ..core.config.errors import BadInput
+    from .common import cache_dir, read_info
+
+    def llama_server() -> str:
+        binary = read_info("llamacpp").get("binary")
+        if not binary:
+            raise BadInput("{llama_server}: the embedded llama.cpp is not set up: run `hitproof setup --engine "
+                             "llamacpp`")
+        return str(binary)
+
+    return {"llama_server": llama_server, "models": lambda: str(cache_dir() / "models")}

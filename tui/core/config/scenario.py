@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import builtin, toml
 from .errors import BadInput
 
 PHASE_NAMES = (
@@ -188,51 +187,16 @@ _MINIMUMS = {
 }
 
 
-def locate(text: str, section: str, key: str | None) -> int:
-    """Line (1-based) where `key` is set inside `[section]`, or the section header; 0 if absent."""
-    current = ""
-    header_line = 0
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        match = re.match(r"^\[\s*([^\[\]]+?)\s*\]", stripped)
-        if match:
-            current = match.group(1).replace(" ", "").replace('"', "")
-            if current == section:
-                header_line = number
-            continue
-        if current == section and key is not None:
-            if re.match(rf"^\"?{re.escape(key)}\"?\s*=", stripped):
-                return number
-    return header_line
-
-
 def load_scenario(path: str | Path) -> Scenario:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"{path}: scenario file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: cannot read scenario: {exc}") from None
-    return parse_scenario(text, str(path))
+    return parse_scenario(toml.read_text(path, "scenario"), str(path))
 
 
 def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        message = str(exc)
-        line = re.search(r"line (\d+)", message)
-        where = f"{source}:{line.group(1)}" if line else source
-        raise BadInput(f"{where}: invalid TOML: {message}") from None
-    return _build(data, text, source)
+    return _build(toml.parse(text, source), text, source)
 
 
 def _fail(text: str, source: str, section: str, key: str | None, message: str) -> BadInput:
-    line = locate(text, section, key)
-    where = f"{source}:{line}" if line else source
-    dotted = ".".join(part for part in (section, key) if part)
-    return BadInput(f"{where}: {dotted}: {message}")
+    return toml.located(text, source, section, key, message)
 
 
 def _build(data: dict, text: str, source: str) -> Scenario:
@@ -341,12 +305,5 @@ def _check_relations(s: Scenario, text: str, source: str) -> None:
 
 
 def resolve_scenario_path(name_or_path: str) -> Path:
-    """A path, or a bare name looked up in ./scenarios and the project's scenarios/ folder."""
-    candidate = Path(name_or_path)
-    if candidate.exists() or candidate.suffix == ".toml" or "/" in name_or_path:
-        return candidate
-    for folder in (Path.cwd() / "scenarios", Path(__file__).resolve().parents[2] / "scenarios"):
-        found = folder / f"{name_or_path}.toml"
-        if found.exists():
-            return found
-    return candidate
+    """A path, or a bare name looked up in ./scenarios and hitproof's own scenarios."""
+    return builtin.find(name_or_path)

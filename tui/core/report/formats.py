@@ -12,7 +12,8 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from ..log.events import Finding
-from .latency import ARMS, STAT_KEYS, format_ms
+from . import fmt
+from .latency import ARMS, STAT_KEYS
 from .power import KINDS, evidence_counts, power_line, rotation_slots, sizing_sentence
 from .report import RunReport
 
@@ -58,18 +59,6 @@ def _sampling(report: RunReport) -> dict[str, Any]:
     return (target or {}).get("sampling") or _settings(report).get("sampling") or {}
 
 
-def _kv(mapping: dict[str, Any] | None) -> str:
-    return ", ".join(f"{k}={v}" for k, v in (mapping or {}).items())
-
-
-def _ms(value: Any) -> str:
-    return "" if value is None else f"{value:,.0f}"
-
-
-def _cell(value: Any) -> str:
-    return "" if value is None else str(value)
-
-
 def _ttft_lines(report: RunReport) -> list[str]:
     lines = []
     for name, phase in report.phases.items():
@@ -77,7 +66,7 @@ def _ttft_lines(report: RunReport) -> list[str]:
         if cut is None:
             continue
         size = f" ({phase['prompt_tokens']} prompt tokens)" if name == "long_prompt" and phase.get("prompt_tokens") else ""
-        lines.append(f"{name}{size}: TTFT {_ms(cold)} ms cold -> {_ms(hit)} ms hit ({cut}% cut)")
+        lines.append(f"{name}{size}: TTFT {fmt.ms(cold)} ms cold -> {fmt.ms(hit)} ms hit ({cut}% cut)")
     return lines
 
 
@@ -94,7 +83,7 @@ def _determinism_line(report: RunReport) -> str | None:
 # --- markdown ------------------------------------------------------------------------------
 
 def _md(value: Any) -> str:
-    return _cell(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    return fmt.cell(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
 def _row(*cells: Any) -> str:
@@ -121,16 +110,16 @@ def to_markdown(report: RunReport) -> str:
         facts += [["URL", server.url], ["dialect", server.dialect], ["server version", server.version or "unknown"],
                   ["model", server.model], ["grid", f"{server.grid} tokens ({server.grid_source})"],
                   ["tokenizer", server.tokenizer], ["cold requests forced by", server.salts or "unknown"],
-                  ["cache config", _kv(server.cache_config) or "unknown"]]
+                  ["cache config", fmt.kv(server.cache_config) or "unknown"]]
     elif target.get("url"):
         facts.append(["URL", target["url"]])
     facts.append(["launch command", target.get("launch_command") or "attached (not launched by hitproof)"])
     if target.get("env"):
-        facts.append(["environment", _kv(target["env"])])
+        facts.append(["environment", fmt.kv(target["env"])])
     if header is not None:
         facts += [["scenario", f"{header.scenario.get('name')} ({header.scenario.get('source')}, sha256 "
                                f"{str(header.scenario.get('sha256') or '')[:12]})"],
-                  ["seed", _settings(report).get("seed")], ["sampling", _kv(_sampling(report)) or "default"],
+                  ["seed", _settings(report).get("seed")], ["sampling", fmt.kv(_sampling(report)) or "default"],
                   ["cache reuse forced off", "yes" if target.get("cache_reuse_forced_off") else "no"],
                   ["run", f"{header.run_id}, started {header.started_at}"],
                   ["hitproof", f"{header.tool.get('version')} (python {header.tool.get('python')})"],
@@ -143,7 +132,7 @@ def to_markdown(report: RunReport) -> str:
         c = _counts(report, name)
         rows.append([name, phase.get("status", "?"), phase.get("requests"), phase.get("hits"),
                      phase.get("hits_proven") or "per request", phase.get("cached_tokens"),
-                     _ms(phase.get("ttft_cold_ms")), _ms(phase.get("ttft_hit_ms")), f"{c['fail']}/{c['warn']}/{c['info']}"])
+                     fmt.ms(phase.get("ttft_cold_ms")), fmt.ms(phase.get("ttft_hit_ms")), f"{c['fail']}/{c['warn']}/{c['info']}"])
     lines += ["### Phases", ""] + _table(["phase", "status", "requests", "hits", "hits proven", "cached tokens",
                                           "TTFT cold ms", "TTFT hit ms", "findings f/w/i"], rows) + [""]
     target = report.power_target
@@ -192,7 +181,7 @@ def ttft_rows(report: RunReport) -> list[list[str]]:
         for arm in ARMS:
             d = stats[arm]
             if d["n"]:
-                rows.append([name, arm, str(d["n"])] + [format_ms(d[k]) for k in STAT_KEYS[1:]])
+                rows.append([name, arm, str(d["n"])] + [fmt.ms(d[k]) for k in STAT_KEYS[1:]])
         if stats["unknown_cached"]:
             rows.append([name, "unknown cached", str(stats["unknown_cached"])] + ["-"] * 5)
     return rows
@@ -241,10 +230,10 @@ def incident_rows(report: RunReport) -> list[tuple[str, str]]:
         ("cache reuse forced off", ("yes" if reuse.get("forced_off") else "no")
          + (f" ({reuse.get('decided_by')})" if reuse.get("decided_by") else "")),
         ("launch command", inc.get("launch_command") or "attached (not launched by hitproof)"),
-        ("environment", _kv(inc.get("env")) or "none recorded"),
+        ("environment", fmt.kv(inc.get("env")) or "none recorded"),
         ("overlays", "; ".join(f"{o.get('path')} sha256 {o.get('sha256')}" for o in inc.get("overlays") or [])
          or "none"),
-        ("sampling", _kv(inc.get("sampling")) or "default"),
+        ("sampling", fmt.kv(inc.get("sampling")) or "default"),
         ("seed", f"{inc.get('seed')} (scenario text seed {inc.get('scenario_seed')})"),
         ("hitproof", str(inc.get("hitproof_version") or "unknown")),
     ]
@@ -274,7 +263,7 @@ _XML_BAD = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-
 
 
 def _x(value: Any) -> str:
-    return _XML_BAD.sub("\ufffd", _cell(value))
+    return _XML_BAD.sub("\ufffd", fmt.cell(value))
 
 
 def _finding_text(f: Finding, report: RunReport) -> str:

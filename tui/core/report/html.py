@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..log.events import Event, Finding, MetricsSample, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted
-from .latency import ARMS, format_ms, format_seconds, percentile
+from . import fmt
+from .latency import ARMS, percentile
 from ..server.metrics import KV_USAGE, LLAMA_CACHED, LLAMA_PROMPT_TOKENS, PREFIX_HITS, PREFIX_QUERIES
 from .report import FED_TYPES, RunReport
 
@@ -228,7 +229,7 @@ def ttft_chart(series: dict[str, dict[str, Sequence[float]]], width: int = 900) 
         tx = x(tick)
         body.append(f'<line class="grid" x1="{tx:.1f}" y1="{top - 4}" x2="{tx:.1f}" y2="{bottom}"/>'
                     f'<text class="tick" x="{tx:.1f}" y="{bottom + 14}" text-anchor="middle">'
-                    f'{_e(format_seconds(tick))}</text>')
+                    f'{_e(fmt.seconds(tick))}</text>')
     y = top
     last_phase = None
     for phase, arm, values in lanes:
@@ -255,7 +256,7 @@ def ttft_chart(series: dict[str, dict[str, Sequence[float]]], width: int = 900) 
         for i, value in enumerate(shown):
             jitter = ((i * 7) % 5 - 2) * 1.6
             body.append(f'<circle class="dot {arm}" cx="{x(value):.1f}" cy="{mid + jitter:.1f}" r="3.5" '
-                        f'fill="{color}"><title>{_e(phase)} {arm}: {_e(format_seconds(value))}</title></circle>')
+                        f'fill="{color}"><title>{_e(phase)} {arm}: {_e(fmt.seconds(value))}</title></circle>')
         if len(shown) < n:
             body.append(f'<text class="tick" x="{width - right}" y="{mid + 4:.1f}" text-anchor="end">'
                         f'{len(shown)} of {n} dots</text>')
@@ -682,4 +683,4 @@ def _thousands(value: Any) -> Any:
 
 
 def _ms_cell(value: float | None) -> str:
-    return "-" if value is None else f"{format_ms(value)} ms"
+    return "-" if value is None else f"{fmt.ms(value)} ms"

@@ -16,6 +16,7 @@ import math
 from array import array
 from typing import Any, Iterable, Sequence
 
+from . import fmt
 from ..log.events import RequestFinished, RequestStarted
 from .power import proven_cold, proven_hit
 
@@ -39,15 +40,11 @@ def distribution(seconds: Iterable[float]) -> dict[str, Any]:
     ordered = sorted(seconds)
     if not ordered:
         return {"n": 0, "min": None, "p50": None, "p90": None, "p99": None, "max": None}
-    out: dict[str, Any] = {"n": len(ordered), "min": _ms(ordered[0])}
+    out: dict[str, Any] = {"n": len(ordered), "min": fmt.to_ms(ordered[0])}
     for name, q in QUANTILES:
-        out[name] = _ms(percentile(ordered, q))
-    out["max"] = _ms(ordered[-1])
+        out[name] = fmt.to_ms(percentile(ordered, q))
+    out["max"] = fmt.to_ms(ordered[-1])
     return out
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 1)
 
 
 class LatencyFold:
@@ -133,28 +130,6 @@ def histogram(series: dict[str, Sequence[float]], bins: int = 12) -> tuple[list[
     return edges, counts
 
 
-def format_ms(value: float | None) -> str:
-    """A TTFT in ms for a table: '-' when unknown, one decimal below 10 ms, else whole ms with commas."""
-    if value is None:
-        return "-"
-    if value < 10:
-        return f"{value:.1f}"
-    return f"{value:,.0f}"
-
-
-def format_seconds(seconds: float | None) -> str:
-    """A TTFT for a narrow label: '-', '850 us', '12 ms', '1.2 s', '73 s'."""
-    if seconds is None:
-        return "-"
-    if seconds < 0.001:
-        return f"{seconds * 1e6:.0f} us"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    return f"{seconds:,.0f} s"
-
-
 def table_lines(fold: LatencyFold, phase_order: Iterable[str] = ()) -> list[str]:
     """The percentile table for text reports, at most 80 columns: one row per phase and path that
     has samples, '-' for what is unknown. Empty when no TTFT was measured at all."""
@@ -167,7 +142,7 @@ def table_lines(fold: LatencyFold, phase_order: Iterable[str] = ()) -> list[str]
             d = stats[arm]
             if not d["n"]:
                 continue
-            rows.append((name if first else "", arm, str(d["n"]), *(format_ms(d[k]) for k in STAT_KEYS[1:])))
+            rows.append((name if first else "", arm, str(d["n"]), *(fmt.ms(d[k]) for k in STAT_KEYS[1:])))
             first = False
         if stats["unknown_cached"]:
             rows.append((name if first else "", "unknown", str(stats["unknown_cached"]), "-", "-", "-", "-", "-"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .fmt import pct
 from ..log.events import Finding, FingerprintCompared, PhaseFinished, RequestFinished, RequestStarted
 
 # Evidence kinds, in report order: (key, finding kind that fails it, how a sentence names it).
@@ -89,7 +90,7 @@ def sizing_sentence(fault_rate: float, probability: float = 0.95, slots: int = 4
     """The scenario sizing, said: e.g. 1 corrupt hit in 100, 95% -> 299 hits -> 76 rounds at 4 slots."""
     n = hits_needed(fault_rate, probability)
     recall_slots = max(1, (slots + 1) // 2)
-    return (f"To catch a fault on 1 hit in {_one_in(fault_rate)} with {_pct(probability)} probability a soak "
+    return (f"To catch a fault on 1 hit in {_one_in(fault_rate)} with {pct(probability)} probability a soak "
             f"must check {n} hits: {rounds_needed(fault_rate, probability, slots)} rotation rounds at {slots} "
             f"slots for foreign codes ({slots} checked hits a round after the cold round 0), "
             f"{rounds_needed(fault_rate, probability, recall_slots)} for recall ({recall_slots} a round).")
@@ -244,11 +245,11 @@ def target_sentence(evidence: str, checked: int, failures: int, fault_rate: floa
     label = dict((k, words) for k, _, words in KINDS)[evidence]
     bound = upper_bound(checked, failures, confidence)
     if failures == 0 and checked >= needed:
-        return True, (f"rules out per-hit fault rates above {_pct(bound)} at {_pct(confidence)} "
+        return True, (f"rules out per-hit fault rates above {pct(bound)} at {pct(confidence)} "
                       f"({checked} hits {label}, 0 failed)")
-    got = "nothing" if bound is None else f"only rates above {_pct(bound)}"
+    got = "nothing" if bound is None else f"only rates above {pct(bound)}"
     return False, (f"power target not reached: {checked} of {needed} hits {label} needed to rule out "
-                   f"{_pct(fault_rate)} at {_pct(confidence)} (rules out {got}; {needed - checked} short)")
+                   f"{pct(fault_rate)} at {pct(confidence)} (rules out {got}; {needed - checked} short)")
 
 
 def kind_sentence(name: str, n: int, failures: int, confidence: float = 0.95) -> str:
@@ -258,10 +259,10 @@ def kind_sentence(name: str, n: int, failures: int, confidence: float = 0.95) ->
         return f"no {unit} {label}: no bound on that fault rate"
     bound = upper_bound(n, failures, confidence)
     if failures == 0:
-        return (f"{n} {unit} {label}, 0 {FAILED_WORD[name]}: a per-hit fault rate above {_pct(bound)} "
-                f"would have shown with {_pct(confidence)} confidence")
-    return (f"{n} {unit} {label}, {failures} {FAILED_WORD[name]} ({_pct(failures / n)}): the per-hit fault "
-            f"rate is at most {_pct(bound)} ({_pct(confidence)} upper bound)")
+        return (f"{n} {unit} {label}, 0 {FAILED_WORD[name]}: a per-hit fault rate above {pct(bound)} "
+                f"would have shown with {pct(confidence)} confidence")
+    return (f"{n} {unit} {label}, {failures} {FAILED_WORD[name]} ({pct(failures / n)}): the per-hit fault "
+            f"rate is at most {pct(bound)} ({pct(confidence)} upper bound)")
 
 
 def power_line(report, confidence: float = 0.95) -> str:
@@ -275,10 +276,10 @@ def power_line(report, confidence: float = 0.95) -> str:
         if n == 0:
             parts.append(f"no {unit} {label}")
             continue
-        bound = _pct(upper_bound(n, fails, confidence))
-        tail = f"above {bound} would have shown" if fails == 0 else f"{_pct(fails / n)}, at most {bound}"
+        bound = pct(upper_bound(n, fails, confidence))
+        tail = f"above {bound} would have shown" if fails == 0 else f"{pct(fails / n)}, at most {bound}"
         parts.append(f"{n} {unit} {label}, {fails} {FAILED_WORD[name]} ({tail})")
-    return f"power at {_pct(confidence)} confidence (per-hit fault rate): " + "; ".join(parts) + "."
+    return f"power at {pct(confidence)} confidence (per-hit fault rate): " + "; ".join(parts) + "."
 
 
 def power_json(report, confidence: float = 0.95) -> dict[str, Any]:
@@ -307,11 +308,6 @@ def rotation_slots(report) -> int:
     settings = ((report.header.scenario if report.header else None) or {}).get("settings") or {}
     slots = (settings.get("rotation") or {}).get("slots")
     return slots if isinstance(slots, int) and slots > 0 else 4
-
-
-def _pct(value: float) -> str:
-    text = f"{value * 100:.1f}".rstrip("0").rstrip(".")
-    return f"{text}%"
 
 
 def _one_in(rate: float) -> str:

@@ -76,6 +76,12 @@ def _cached_tokens(usage: dict | None, timings: dict | None) -> int | None:
     return None
 
 
+def api_key(env: str = API_KEY_ENV) -> str | None:
+    """The server's API key, when it needs one: $HITPROOF_API_KEY, else $OPENAI_API_KEY. It goes in
+    the Authorization header only, never in a log, a report or the incident record."""
+    return os.environ.get(env) or os.environ.get("OPENAI_API_KEY") or None
+
+
 class OpenAIClient:
     """One connection pool for the whole run; limits raised so the pool never throttles slots."""
 
@@ -83,7 +89,7 @@ class OpenAIClient:
                  api_key_env: str = API_KEY_ENV, max_connections: int = 1024):
         self.base_url = base_url.rstrip("/")
         self.dialect = dialect
-        key = os.environ.get(api_key_env) or os.environ.get("OPENAI_API_KEY")
+        key = api_key(api_key_env)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         # Answer streams to a plain-http server go through StreamingTransport (one pass over each
@@ -115,6 +121,9 @@ class OpenAIClient:
 
     async def get(self, path: str, timeout: float = 10.0) -> httpx.Response:
         return await self._request("GET", path, timeout=timeout)
+
+    async def post_json(self, path: str, body: dict[str, Any], timeout: float = 60.0) -> httpx.Response:
+        return await self._request("POST", path, json=body, timeout=timeout)
 
     async def get_json(self, path: str) -> Any | None:
         """JSON body of a GET, or None when the endpoint is absent or not JSON."""

@@ -22,9 +22,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from ... import __version__
+from ..config.errors import ServerProblem
+from .client import OpenAIClient
+from .discovery import discover
 
 __all__ = ["build_incident", "cache_reuse", "command_facts", "commit_from", "probe_server", "speculative"]
 
@@ -284,58 +285,44 @@ def _which(name: str) -> str | None:
 
 async def probe_server(url: str, *, model: str | None = None, timeout: float = 5.0,
                        completion: bool = True) -> dict[str, Any]:
-    """What the server says about itself. With `completion`, one cold one-token completion too (for
-    system_fingerprint), whose prompt shares nothing with any memo. Never raises; unreachable parts
-    are left out."""
-    from .client import API_KEY_ENV
-    from .metrics import CACHE_CONFIG, parse_metrics
-
-    key = os.environ.get(API_KEY_ENV) or os.environ.get("OPENAI_API_KEY")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    """What the server says about itself (tui.core.server.discovery). With `completion`, one cold
+    one-token completion too (for system_fingerprint), whose prompt shares nothing with any memo.
+    Never raises; unreachable parts are left out."""
     out: dict[str, Any] = {}
-    async with httpx.AsyncClient(base_url=url, timeout=timeout, headers=headers, trust_env=False) as client:
-        async def get_json(path: str) -> Any:
-            try:
-                response = await client.get(path)
-                return response.json() if response.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                return None
-
-        version = await get_json("/version")
-        if isinstance(version, dict):
-            out["version_body"] = {k: v for k, v in version.items() if isinstance(v, (str, int, float, bool))}
-            out["version"] = version.get("version")
-        models = await get_json("/v1/models")
-        if isinstance(models, dict):
-            out["models"] = [{k: m.get(k) for k in ("id", "root", "max_model_len", "owned_by") if k in m}
-                             for m in models.get("data", []) if isinstance(m, dict)]
-        props = await get_json("/props")
-        if isinstance(props, dict):
-            out["props"] = {k: props[k] for k in ("build_info", "model_path", "total_slots", "n_ctx") if k in props}
-            if "default_generation_settings" in props and isinstance(props["default_generation_settings"], dict):
-                out["props"]["n_ctx"] = props["default_generation_settings"].get("n_ctx", out["props"].get("n_ctx"))
+    client = OpenAIClient(url, timeout=timeout)
+    try:
         try:
-            response = await client.get("/metrics")
-            if response.status_code == 200:
-                snapshot = parse_metrics(response.text)
-                labels = snapshot.info.get(CACHE_CONFIG) if snapshot.error is None else None
-                if labels:
-                    out["cache_config"] = dict(labels)
-        except httpx.HTTPError:
-            pass
-        chosen = model or next((m.get("id") for m in out.get("models", []) if m.get("id")), None)
+            found = await discover(client)
+        except ServerProblem as exc:
+            out["probe_error"] = str(exc)[:200]
+            return out
+        if found.version_body is not None:
+            out["version_body"] = found.version_body
+            out["version"] = found.version
+        out["models"] = found.models
+        if found.props is not None:
+            out["props"] = found.props
+        if found.cache_config:
+            out["cache_config"] = found.cache_config
+        chosen = model or next((m.get("id") for m in found.models if m.get("id")), None)
         if chosen and completion:
-            try:
-                response = await client.post("/v1/completions", json={
-                    "model": chosen, "prompt": "hitproof incident probe", "max_tokens": 1, "temperature": 0})
-                body = response.json() if response.status_code == 200 else None
-                if isinstance(body, dict) and body.get("system_fingerprint"):
-                    out["system_fingerprint"] = str(body["system_fingerprint"])
-                elif response.status_code != 200:
-                    out["probe_error"] = f"HTTP {response.status_code}"
-            except (httpx.HTTPError, ValueError) as exc:
-                out["probe_error"] = type(exc).__name__
+            await _fingerprint(client, chosen, out)
+    finally:
+        await client.aclose()
     return out
+
+
+async def _fingerprint(client: OpenAIClient, model: str, out: dict[str, Any]) -> None:
+    try:
+        response = await client.post_json("/v1/completions", {
+            "model": model, "prompt": "hitproof incident probe", "max_tokens": 1, "temperature": 0})
+        body = response.json() if response.status_code == 200 else None
+        if isinstance(body, dict) and body.get("system_fingerprint"):
+            out["system_fingerprint"] = str(body["system_fingerprint"])
+        elif response.status_code != 200:
+            out["probe_error"] = f"HTTP {response.status_code}"
+    except (ServerProblem, ValueError) as exc:
+        out["probe_error"] = type(exc).__name__
 
 
 async def build_incident(*, url: str, argv: list[str] | None, env_of_interest: dict[str, str],

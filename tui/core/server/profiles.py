@@ -26,18 +26,20 @@ import os
 import re
 import shlex
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from ..config.errors import BadInput
-from ..config.scenario import locate
+from ..config import builtin, toml
 
 __all__ = ["DEFAULT_STARTUP_TIMEOUT", "LaunchPlan", "Profile", "adhoc_plan", "env_of_interest", "load_profile",
            "parse_profile", "resolve_profile_path"]
 
 DEFAULT_STARTUP_TIMEOUT = 600.0   # long enough for a first model load
+# placeholders whose values come from the embedded engines (tui.embedded), handed in by the caller
+EMBEDDED_PLACEHOLDERS = ("llama_server", "models")
+Placeholders = Mapping[str, Callable[[], str]]
 _KEYS = ("name", "description", "command", "url", "env", "startup_timeout", "overlays", "facts")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _INTERESTING_ENV = re.compile(r"^(VLLM_|CUDA_|LLAMA_|SGLANG_|NCCL_|PYTORCH_CUDA_|TORCH_CUDA_)")
@@ -70,19 +72,22 @@ class Profile:
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
-    def plan(self, port: int | None = None) -> "LaunchPlan":
-        """The concrete launch: {port} filled (a free port if none given), ~ expanded, env merged."""
+    def plan(self, port: int | None = None, placeholders: Placeholders | None = None) -> "LaunchPlan":
+        """The concrete launch: {port} filled (a free port if none given), ~ expanded, env merged.
+        `placeholders` give the values of {llama_server} and {models} (the embedded engines know
+        them; the core does not), each called only if the profile uses it."""
         if port is None and ("{port}" in self.command or "{port}" in self.url):
             from .launch import free_port
             port = free_port()
-        command = _fill(self.command, port, self.base, shell=True)
+        fill = lambda text, shell=False: _fill(text, port, self.base, shell, placeholders or {})   # noqa: E731
+        command = fill(self.command, True)
         try:
             argv = [_expand(word) for word in shlex.split(command)]
         except ValueError as exc:     # validated at load; a {python} path with a quote could still break it
             raise BadInput(f"{self.source}: command: {exc}") from None
-        env_add = {k: os.path.expanduser(_fill(v, port, self.base)) for k, v in self.env.items()}
+        env_add = {k: os.path.expanduser(fill(v)) for k, v in self.env.items()}
         return LaunchPlan(
-            argv=argv, url=_fill(self.url, port, self.base).rstrip("/"), env=_child_env(env_add),
+            argv=argv, url=fill(self.url).rstrip("/"), env=_child_env(env_add),
             env_of_interest=env_of_interest(env_add, _child_env(env_add)),
             startup_timeout=self.startup_timeout, engine=_engine_guess(argv), facts=dict(self.facts),
             profile={"name": self.name, "source": self.source, "sha256": self.sha256,
@@ -113,46 +118,23 @@ class LaunchPlan:
 # --- loading -----------------------------------------------------------------------------------
 
 def resolve_profile_path(name_or_path: str) -> Path:
-    """A path, or a bare name looked up in ./scenarios/profiles and the project's scenarios/profiles."""
-    candidate = Path(name_or_path)
-    if candidate.exists() or candidate.suffix == ".toml" or "/" in name_or_path:
-        return candidate
-    for base in (Path("scenarios") / "profiles", Path(__file__).resolve().parents[2] / "scenarios" / "profiles"):
-        path = base / f"{name_or_path}.toml"
-        if path.exists():
-            return path
-    return candidate
+    """A path, or a bare name looked up in ./scenarios/profiles and hitproof's own profiles."""
+    return builtin.find(name_or_path, "profiles")
 
 
 def load_profile(path: str | Path) -> Profile:
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"{path}: profile file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: cannot read profile: {exc}") from None
+    text = toml.read_text(path, "profile")
     return parse_profile(text, str(path), base=path.resolve().parent, default_name=path.stem)
 
 
 def parse_profile(text: str, source: str = "<profile>", *, base: Path | None = None,
                   default_name: str = "profile") -> Profile:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        message = str(exc)
-        line = re.search(r"line (\d+)", message)
-        raise BadInput(f"{source}:{line.group(1)}: invalid TOML: {message}" if line
-                       else f"{source}: invalid TOML: {message}") from None
+    data = toml.parse(text, source)
     base = base or Path.cwd()
 
     def fail(key: str, message: str, section: str = "") -> BadInput:
-        line = locate(text, section, key) or locate(text, f"{section}.{key}" if section else key, None)
-        if not line and section:
-            line = locate(text, section, None)
-        where = f"{source}:{line}" if line else source
-        dotted = ".".join(p for p in (section, key) if p)
-        return BadInput(f"{where}: {dotted}: {message}")
+        return toml.located(text, source, section, key, message)
 
     for key in data:
         if key not in _KEYS:
@@ -193,7 +175,7 @@ def parse_profile(text: str, source: str = "<profile>", *, base: Path | None = N
     if url.endswith("/v1"):
         url = url[:-3]
     for placeholder in re.findall(r"\{([A-Za-z_]\w*)\}", command + " " + url):
-        if placeholder not in ("port", "python", "profile_dir", "llama_server", "models"):
+        if placeholder not in ("port", "python", "profile_dir", *EMBEDDED_PLACEHOLDERS):
             raise fail("command" if placeholder in re.findall(r"\{([A-Za-z_]\w*)\}", command) else "url",
                        f"unknown placeholder {{{placeholder}}} (known: {{port}}, {{python}}, {{profile_dir}}, "
                        f"{{llama_server}}, {{models}})")
@@ -267,28 +249,17 @@ def _toml_str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _fill(text: str, port: int | None, base: str = ".", shell: bool = False) -> str:
+def _fill(text: str, port: int | None, base: str, shell: bool, placeholders: Placeholders) -> str:
     q = shlex.quote if shell else str
     text = text.replace("{python}", q(sys.executable)).replace("{profile_dir}", q(base))
-    if "{llama_server}" in text or "{models}" in text:
-        text = text.replace("{llama_server}", q(_embedded_llama_server())).replace("{models}", q(_models_dir()))
+    for name in EMBEDDED_PLACEHOLDERS:
+        if "{" + name + "}" in text:
+            provide = placeholders.get(name)
+            if provide is None:
+                raise BadInput(f"{{{name}}}: this command needs the embedded engines' {name.replace('_', '-')}, "
+                               f"which only `hitproof run --profile` and `hitproof matrix` provide")
+            text = text.replace("{" + name + "}", q(provide()))
     return text.replace("{port}", str(port)) if port is not None else text
-
-
-def _embedded_llama_server() -> str:
-    """The llama-server `hitproof setup --engine llamacpp` built (a clear error if it has not)."""
-    from ...engines.common import read_info
-
-    binary = read_info("llamacpp").get("binary")
-    if not binary:
-        raise BadInput("{llama_server}: the embedded llama.cpp is not set up: run `hitproof setup --engine llamacpp`")
-    return str(binary)
-
-
-def _models_dir() -> str:
-    from ...engines.common import cache_dir
-
-    return str(cache_dir() / "models")
 
 
 def _expand(word: str) -> str:

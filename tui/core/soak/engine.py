@@ -21,7 +21,8 @@ from .isolation import IsolationResult, isolate, why_not_isolated
 from ..log.events import (CheckpointSeen, Event, EventBus, Finding, MetricsSample, PhaseFinished, PhaseStarted,
                           PowerJudged, RunFinished, RunHeader, ServerInfo)
 from ..evidence.text import CodeBook, Registry, new_nonce
-from ..server.metrics import MetricSnapshot, block_size, compact, parse_metrics
+from ..server.discovery import discover, scrape
+from ..server.metrics import MetricSnapshot, block_size, compact
 from .phases import PHASES
 from ..report.power import EvidenceTally, hits_needed, target_sentence, upper_bound
 from .proof import counter_name
@@ -313,17 +314,12 @@ class SoakEngine:
     # --- server discovery -----------------------------------------------------------------
 
     async def _discover(self) -> ServerInfo:
-        models_body = await self.client.get_json("/v1/models")
-        if models_body is None:
-            raise ServerProblem(f"{self.target.url} answered but /v1/models is not an OpenAI model list")
-        models = [m.get("id", "") for m in models_body.get("data", []) if isinstance(m, dict)]
+        found = await discover(self.client, dialect=self.target.dialect)
+        models = found.model_ids
         model = self.scenario.model or (models[0] if models else "")
-        version_body = await self.client.get_json("/version")
-        version = version_body.get("version") if isinstance(version_body, dict) else None
-        dialect = self.target.dialect or await self._detect_dialect(models_body, version_body)
-        self.client.dialect = dialect
-        snapshot = await self.scrape(record=False)
-        self.metrics_available = snapshot is not None and snapshot.error is None and bool(snapshot.values)
+        dialect = self.client.dialect = found.dialect
+        snapshot = found.metrics
+        self.metrics_available = found.metrics_available
         server_grid = block_size(snapshot)
         if self.scenario.evidence.block_size:
             grid, grid_source = self.scenario.evidence.block_size, "scenario"
@@ -333,17 +329,15 @@ class SoakEngine:
             grid, grid_source = DEFAULT_GRID, "default"
         tokenizer = "server" if await self.client.tokenize("hitproof", model) is not None else "estimate"
         facts = dict(self.target.facts)
-        if dialect == "llamacpp":
-            props = await self.client.get_json("/props")
-            if isinstance(props, dict):
-                facts["props"] = {k: props[k] for k in ("total_slots", "build_info", "model_path", "n_ctx")
-                                  if k in props}
-                version = version or props.get("build_info")
+        version = found.version
+        if dialect == "llamacpp" and found.props is not None:
+            facts["props"] = found.props
+            version = version or found.props.get("build_info")
         report, counter, queries = await self._probe_cache_report(model, snapshot)
         info = ServerInfo(
             url=self.target.url, dialect=dialect, version=version, models=models, model=model,
-            cache_config=(snapshot.info.get("vllm:cache_config_info", {}) if snapshot else {}),
-            grid=grid, grid_source=grid_source, tokenizer=tokenizer, metrics_available=self.metrics_available,
+            cache_config=found.cache_config, grid=grid, grid_source=grid_source, tokenizer=tokenizer,
+            metrics_available=self.metrics_available,
             salts="cache_prompt=false" if dialect == "llamacpp" else "cache_salt", facts=facts,
             cached_report=report, cached_counter=counter, cached_queries=queries,
             cached_fix=CACHE_REPORT_FIX.get(dialect, CACHE_REPORT_FIX["openai"]))
@@ -367,29 +361,11 @@ class SoakEngine:
             return "none", "", ""
         return "counter", pair[0], pair[1] or ""
 
-    async def _detect_dialect(self, models_body: dict, version_body: Any) -> str:
-        owners = {m.get("owned_by") for m in models_body.get("data", []) if isinstance(m, dict)}
-        if "llamacpp" in owners:
-            return "llamacpp"
-        if await self.client.get_json("/props") is not None:
-            return "llamacpp"
-        if "sglang" in owners or await self.client.get_json("/get_server_info") is not None:
-            return "sglang"
-        if isinstance(version_body, dict) and "version" in version_body:
-            return "vllm"
-        return "openai"
-
     # --- metrics ------------------------------------------------------------------------
 
     async def scrape(self, record: bool = True) -> MetricSnapshot | None:
-        try:
-            response = await self.client.get("/metrics")
-        except ServerProblem:
-            return None
-        if response.status_code != 200:
-            return None
-        snapshot = parse_metrics(response.text)
-        if record and snapshot.error is None and snapshot.values:
+        snapshot = await scrape(self.client)
+        if record and snapshot is not None and snapshot.error is None and snapshot.values:
             self.emit(MetricsSample(values=compact(snapshot)))
         return snapshot
 

@@ -15,7 +15,8 @@ from ..checks import detectors as checks
 from ..checks.answers import hit_path_problems
 from ..checks.fingerprints import Fingerprint, FingerprintBook
 from ..log.events import FingerprintCompared
-from .record import Record, Sender, cached_words, pct, prompt_key
+from ..report.fmt import pct
+from .record import Record, Sender, cached_words, prompt_key
 from .state import PhaseState
 
 REPRODUCE = 3                # re-runs each way before a fingerprint deviation is called the cache's
@@ -131,7 +132,7 @@ class Judge:
         where = dict(code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"], odds=round(odds, 6),
                      numbers=numbers, registered_groups=groups)
         base = (f"one group ({foreign['matched']}) of code {foreign['code']} owned by memo {foreign['owner']} at "
-                f"offset {foreign['offset']}; false-alarm odds {pct(odds)} ({numbers} four-digit number(s) "
+                f"offset {foreign['offset']}; false-alarm odds {pct(odds, 2)} ({numbers} four-digit number(s) "
                 f"against {groups} registered groups)")
         if control is None:
             self.rq.finding(state, "foreign_code", "warn", record, offset=foreign["offset"],
@@ -144,12 +145,12 @@ class Judge:
                                 f"not the cache", control_request=control.request, **where)
         elif odds < threshold:
             self.rq.finding(state, "foreign_code", "fail", record, offset=foreign["offset"],
-                         detail=f"{base}, below the run's {pct(threshold)} target, and the cold control (request "
+                         detail=f"{base}, below the run's {pct(threshold, 2)} target, and the cold control (request "
                                 f"{control.request}) is clean: a mixed state", control_request=control.request,
                          **where)
         else:
             self.rq.finding(state, "foreign_code", "warn", record, offset=foreign["offset"],
-                         detail=f"{base}, not below the run's {pct(threshold)} target: too likely by chance to "
+                         detail=f"{base}, not below the run's {pct(threshold, 2)} target: too likely by chance to "
                                 f"call a leak", control_request=control.request, **where)
 
     # --- fingerprints ------------------------------------------------------------------------

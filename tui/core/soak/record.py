@@ -108,11 +108,6 @@ def cached_words(proof: CacheProof) -> str:
         else f"at least {proof.low} cached tokens (by counter)"
 
 
-def pct(value: float) -> str:
-    text = f"{value * 100:.2f}".rstrip("0").rstrip(".")
-    return f"{text}%"
-
-
 def prompt_key(spec: RequestSpec) -> str:
     body = spec.prompt if spec.prompt is not None else orjson.dumps(spec.messages).decode()
     return hashlib.sha1(body.encode()).hexdigest()

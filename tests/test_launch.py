@@ -149,13 +149,13 @@ def test_free_port():
     assert 1024 <= port <= 65535
 
 
-# -- tui.engines: setup machinery and launch specs (no real install) ----------------
+# -- tui.embedded: setup machinery and launch specs (no real install) ----------------
 
 import json  # noqa: E402
 import threading  # noqa: E402
 
-from tui import engines  # noqa: E402
-from tui.engines.common import Setup, Step  # noqa: E402
+from tui import embedded as engines  # noqa: E402
+from tui.embedded.common import Setup, Step  # noqa: E402
 
 
 @pytest.fixture

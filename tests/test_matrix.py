@@ -142,7 +142,7 @@ suffix_tokens = 100
 
 @pytest.mark.realserver
 async def test_real_vllm_matrix_prefix_on_passes_prefix_off_is_inconclusive(tmp_path):
-    from tui.engines import prepare
+    from tui.embedded import prepare
 
     prepare("vllm", progress=print)
     out = tmp_path / "m"

@@ -105,7 +105,7 @@ def test_example_profiles_load():
     assert cache_reuse(off.argv) == {"forced_off": True, "decided_by": "--no-enable-prefix-caching"}
     assert not any("~" in a for a in on.argv) and on.engine == "vllm"
     assert Path(on.argv[on.argv.index("--chat-template") + 1]).resolve() == \
-        (ROOT / "tui" / "engines" / "gemma_chat.jinja").resolve()
+        (ROOT / "tui" / "embedded" / "gemma_chat.jinja").resolve()
 
 
 @pytest.mark.parametrize("text, expected", [

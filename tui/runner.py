@@ -215,7 +215,7 @@ async def run_embedded(scenario: Scenario, engine: str, model: str, *, bus: Even
                        after_run: AfterRun | None = None,
                        on_engine: Callable[[SoakEngine], None] | None = None,
                        echo: Callable[[str], None] | None = None) -> Outcome:
-    from .engines import launch_spec    # the embedded engines are only needed here
+    from .embedded import launch_spec    # the embedded engines are only needed here
 
     spec = launch_spec(engine, port=free_port(), model=model)
     plan = LaunchPlan(argv=spec.argv, url=spec.url, env=spec.env,
@@ -227,6 +227,6 @@ async def run_embedded(scenario: Scenario, engine: str, model: str, *, bus: Even
 
 async def run_profile(scenario: Scenario, profile: Profile, **kwargs) -> Outcome:
     """Launch a profile's server on a fresh port, soak it, stop it (see run_launched)."""
-    from .engines import placeholders    # {llama_server}, {models}: the embedded engines know them
+    from .embedded import placeholders    # {llama_server}, {models}: the embedded engines know them
 
     return await run_launched(scenario, profile.plan(placeholders=placeholders()), **kwargs)

@@ -26,7 +26,7 @@ class BackgroundServer:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def start(self) -> "BackgroundServer":
-        from tui.engines import launch_spec, prepare
+        from tui.embedded import launch_spec, prepare
 
         prepare(self.engine, model=self.model, progress=lambda line: print(f"[setup {self.engine}] {line}"))
         spec = launch_spec(self.engine, port=free_port(), model=self.model)

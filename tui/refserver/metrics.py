@@ -9,7 +9,7 @@ appear only when the server pretends to have a drafter (``num_speculative_tokens
 
 from __future__ import annotations
 
-from .engine import Engine
+from .pipeline import Pipeline
 
 
 def _labels(labels: dict[str, str]) -> str:
@@ -18,8 +18,8 @@ def _labels(labels: dict[str, str]) -> str:
     return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in labels.items()) + "}"
 
 
-def render(engine: Engine) -> str:
-    cfg, stats = engine.config, engine.stats
+def render(pipeline: Pipeline) -> str:
+    cfg, stats = pipeline.config, pipeline.stats
     base = {"engine": "0", "model_name": cfg.model_name}
     lines: list[str] = []
 
@@ -34,9 +34,9 @@ def render(engine: Engine) -> str:
     def gauge(name: str, doc: str, value: float) -> None:
         family(name, "gauge", doc, [(base, value)])
 
-    gauge("vllm:num_requests_running", "Number of requests in model execution batches.", engine.running)
+    gauge("vllm:num_requests_running", "Number of requests in model execution batches.", pipeline.running)
     gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", 0)
-    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", engine.cache.usage())
+    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", pipeline.cache.usage())
     counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", stats.preemptions)
     counter("vllm:prefix_cache_queries_total",
             "Prefix cache queries, in terms of number of queried tokens.", stats.queries)

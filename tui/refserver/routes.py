@@ -1,4 +1,4 @@
-"""The aiohttp application: vLLM-shaped endpoints over one ``Engine``.
+"""The aiohttp application: vLLM-shaped endpoints over one ``Pipeline``.
 
 Streaming sends nothing, not even headers, until prefill is over, so a client's time to
 first byte is the simulated time to first token: ``uncached tokens x
@@ -16,12 +16,12 @@ from aiohttp import web
 from . import logprobs as lp
 from . import shapes
 from .config import VERSION
-from .engine import Admission, Engine, Outcome, PromptTooLong
+from .pipeline import Admission, Pipeline, Outcome, PromptTooLong
 from .metrics import render
 from .protocol import BadRequest, Params, load_json, parse_chat, parse_completion, tokenize_request
 from .tokenizer import detokenize, tokenize
 
-ENGINE = web.AppKey("engine", Engine)
+PIPELINE = web.AppKey("pipeline", Pipeline)
 STARTED = web.AppKey("started", int)
 
 
@@ -38,12 +38,12 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    cfg = request.app[ENGINE].config
+    cfg = request.app[PIPELINE].config
     return web.json_response(shapes.models_body(cfg.model_name, request.app[STARTED], cfg.max_model_len))
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=render(request.app[ENGINE]).encode("utf-8"),
+    return web.Response(body=render(request.app[PIPELINE]).encode("utf-8"),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
@@ -53,7 +53,7 @@ async def tokenize_route(request: web.Request) -> web.Response:
     except BadRequest as exc:
         return _error(str(exc), param=exc.param)
     ids = [t.id for t in tokenize(text, add_bos=add_bos)]
-    cfg = request.app[ENGINE].config
+    cfg = request.app[PIPELINE].config
     return web.json_response({"count": len(ids), "max_model_len": cfg.max_model_len, "tokens": ids})
 
 
@@ -77,41 +77,41 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _generate(request: web.Request, parse) -> web.StreamResponse:
-    engine = request.app[ENGINE]
+    pipeline = request.app[PIPELINE]
     try:
         body = load_json(await request.read())
-        wanted = engine.config.model_name
+        wanted = pipeline.config.model_name
         if body.get("model") not in (None, wanted):
             return _error(f"The model `{body.get('model')}` does not exist.", 404, "model")
         params: Params = parse(body)
         rid = ("chatcmpl-" if params.chat else "cmpl-") + uuid.uuid4().hex
-        adm = engine.admit(params.prompt_text, params.cache_salt, params.max_tokens, rid)
+        adm = pipeline.admit(params.prompt_text, params.cache_salt, params.max_tokens, rid)
     except (BadRequest, PromptTooLong) as exc:
         return _error(str(exc), param=getattr(exc, "param", None))
-    engine.running += 1
+    pipeline.running += 1
     tally = {"sent": 0, "finish": "abort"}
     try:
-        await asyncio.sleep(engine.prefill_seconds(adm))
-        engine.commit(adm)
-        out = engine.outcome(adm, params.stop)
+        await asyncio.sleep(pipeline.prefill_seconds(adm))
+        pipeline.commit(adm)
+        out = pipeline.outcome(adm, params.stop)
         entries = None
         if params.logprobs is not None:
-            jitter = engine.fault.jitter(adm.prompt_tokens)
+            jitter = pipeline.fault.jitter(adm.prompt_tokens)
             entries = lp.compute(adm.digest, out.pieces, params.logprobs, jitter)
         if params.stream:
-            return await _stream(request, engine, params, adm, out, entries, tally)
-        await asyncio.sleep(max(len(out.pieces) - 1, 0) * engine.config.decode_ms_per_token / 1000)
+            return await _stream(request, pipeline, params, adm, out, entries, tally)
+        await asyncio.sleep(max(len(out.pieces) - 1, 0) * pipeline.config.decode_ms_per_token / 1000)
         tally.update(sent=len(out.pieces), finish=out.finish_reason)
-        return web.json_response(_body(engine, params, adm, out, entries))
+        return web.json_response(_body(pipeline, params, adm, out, entries))
     finally:
-        engine.running -= 1
-        engine.finish(adm, tally["sent"], tally["finish"])
+        pipeline.running -= 1
+        pipeline.finish(adm, tally["sent"], tally["finish"])
 
 
-def _body(engine: Engine, params: Params, adm: Admission, out: Outcome, entries) -> dict:
-    use = engine.usage(adm, len(out.pieces))
+def _body(pipeline: Pipeline, params: Params, adm: Admission, out: Outcome, entries) -> dict:
+    use = pipeline.usage(adm, len(out.pieces))
     text = "".join(out.pieces)
-    model, created = engine.config.model_name, int(time.time())
+    model, created = pipeline.config.model_name, int(time.time())
     if params.chat:
         logprobs = lp.chat_format(entries) if entries is not None else None
         return shapes.chat_body(adm.request_id, created, model, text, out.finish_reason,
@@ -121,13 +121,13 @@ def _body(engine: Engine, params: Params, adm: Admission, out: Outcome, entries)
                                   out.stop_reason, logprobs, use)
 
 
-async def _stream(request: web.Request, engine: Engine, params: Params, adm: Admission,
+async def _stream(request: web.Request, pipeline: Pipeline, params: Params, adm: Admission,
                   out: Outcome, entries, tally: dict) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                        "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    rid, model, created = adm.request_id, engine.config.model_name, int(time.time())
-    decode = engine.config.decode_ms_per_token / 1000
+    rid, model, created = adm.request_id, pipeline.config.model_name, int(time.time())
+    decode = pipeline.config.decode_ms_per_token / 1000
 
     def chunk(text: str, i: int | None, last: bool, offset: int) -> dict:
         finish = out.finish_reason if last else None
@@ -154,7 +154,7 @@ async def _stream(request: web.Request, engine: Engine, params: Params, adm: Adm
             await resp.write(shapes.sse(chunk("", None, True, 0)))
         tally["finish"] = out.finish_reason
         if params.include_usage:
-            use = engine.usage(adm, len(out.pieces))
+            use = pipeline.usage(adm, len(out.pieces))
             await resp.write(shapes.sse(shapes.usage_chunk(rid, created, model, params.chat, use)))
         await resp.write(shapes.DONE)
         await resp.write_eof()
@@ -163,9 +163,9 @@ async def _stream(request: web.Request, engine: Engine, params: Params, adm: Adm
     return resp
 
 
-def build_app(engine: Engine) -> web.Application:
+def build_app(pipeline: Pipeline) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app[ENGINE] = engine
+    app[PIPELINE] = pipeline
     app[STARTED] = int(time.time())
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from .config import RefServerConfig
-from .engine import Engine
+from .pipeline import Pipeline
 from .routes import build_app
 
 
@@ -16,7 +16,7 @@ class RefServerHandle:
     url: str
     port: int
     config: RefServerConfig
-    engine: Engine
+    pipeline: Pipeline
     _runner: web.AppRunner
 
     async def close(self) -> None:
@@ -41,8 +41,8 @@ async def start_refserver(config: RefServerConfig | None = None, **options: obje
         config = RefServerConfig.from_options(**{"port": 0, **options})
     elif options:
         raise TypeError("pass either a RefServerConfig or keyword options, not both")
-    engine = Engine(config)
-    runner = web.AppRunner(build_app(engine), access_log=None, shutdown_timeout=1.0)
+    pipeline = Pipeline(config)
+    runner = web.AppRunner(build_app(pipeline), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     try:
@@ -52,4 +52,4 @@ async def start_refserver(config: RefServerConfig | None = None, **options: obje
         raise
     port = runner.addresses[0][1]
     host = "[::1]" if config.host == "::1" else "127.0.0.1"
-    return RefServerHandle(f"http://{host}:{port}", port, config, engine, runner)
+    return RefServerHandle(f"http://{host}:{port}", port, config, pipeline, runner)

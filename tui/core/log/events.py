@@ -292,7 +292,6 @@ class EventBus:
         self._start = clock()
         self._seq = 0
         self._listeners: list[Callable[[Event], None]] = []
-        self.history_size = 0
 
     def subscribe(self, listener: Callable[[Event], None]) -> None:
         self._listeners.append(listener)

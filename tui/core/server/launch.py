@@ -1,6 +1,6 @@
 """Start a server command, tail its output, wait until it answers, stop it with no orphan.
 
-Generic: knows nothing about vLLM or llama.cpp (see tui/engines for those). The server
+Generic: knows nothing about vLLM or llama.cpp (see tui/embedded for those). The server
 runs in its own session, hence its own process group, so stop() can signal the server and
 every child it spawned (vLLM forks an engine-core process) at once.
 """

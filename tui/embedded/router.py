@@ -10,7 +10,7 @@ each on a free loopback port:
     async with Cluster(plan) as cluster:                 # workers first, then the router
         ...  # send requests to cluster.url; cluster.worker_urls are the replicas
 
-Facts measured here (tui/engines/NOTES-router-slots.md has the numbers):
+Facts measured here (tui/embedded/NOTES-router-slots.md has the numbers):
 
 - neither router adds a header naming the worker that served a request; but llama-server
   puts its own alias in the `model` field of every answer (ignoring the request's), so each

@@ -16,7 +16,7 @@ the OpenAI endpoints alike, measured). Every failure is a SlotError with one rea
 server's refusal (HTTP status and its message), an unreachable or dead server, or an answer
 that is not what llama.cpp answers. A restore that the server accepts is not yet a hit: the
 next request may still re-process everything (llama.cpp #26676, #25913); only its cached tokens
-say (tui/engines/NOTES-router-slots.md has what happened here).
+say (tui/embedded/NOTES-router-slots.md has what happened here).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Make a tiny random-weight hybrid model and convert it to a GGUF for llama.cpp.
 
 Run with the tiny build venv's python (torch, transformers, tokenizers); hitproof never
-imports this file (tui/engines/tiny.py runs it).
+imports this file (tui/embedded/tiny.py runs it).
 
     python tiny_build.py tokenizer DOCS_DIR OUT_DIR [--vocab 2048]
     python tiny_build.py model NAME --tokenizer DIR --converter DIR --seed N --work DIR --out FILE.gguf

@@ -1,6 +1,6 @@
 """One request's path through the server: tokenize, look up, restore, generate, store.
 
-The engine owns the prefix cache, the fault and the counters /metrics exports.  It is
+The pipeline owns the prefix cache, the fault and the counters /metrics exports.  It is
 synchronous and single-threaded (the aiohttp loop calls it between awaits), so its
 state needs no locks.  Blocks are stored when prefill ends (``commit``), as vLLM does,
 so a request that arrives while another is decoding can already hit its blocks.
@@ -60,7 +60,7 @@ class Outcome:
     stop_reason: str | None
 
 
-class Engine:
+class Pipeline:
     def __init__(self, config: RefServerConfig) -> None:
         self.config = config
         self.cache = PrefixCache(config.block_size, config.num_blocks)

@@ -13,9 +13,10 @@ from tui.core.launch import ServerProcess, free_port
 
 
 class BackgroundServer:
-    def __init__(self, engine: str, model: str = "gemma3-270m"):
+    def __init__(self, engine: str, model: str = "gemma3-270m", **launch):
         self.engine = engine
         self.model = model
+        self.launch = launch  # launch_spec options: lora=True, drafter=True, small_cache=True, extra_args=(...)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=f"{engine}-server", daemon=True)
         self.server: ServerProcess | None = None
@@ -27,8 +28,10 @@ class BackgroundServer:
     def start(self) -> "BackgroundServer":
         from tui.engines import launch_spec, prepare
 
-        prepare(self.engine, model=self.model, progress=lambda line: print(f"[setup {self.engine}] {line}"))
-        spec = launch_spec(self.engine, port=free_port(), model=self.model)
+        prepare(self.engine, model=self.model, progress=lambda line: print(f"[setup {self.engine}] {line}"),
+                lora=bool(self.launch.get("lora")))
+        spec = launch_spec(self.engine, port=free_port(), model=self.model, **self.launch)
+        self.spec = spec
         self.thread.start()
         self.server = ServerProcess(spec.argv, url=spec.url, env=spec.env)
         self.url = spec.url

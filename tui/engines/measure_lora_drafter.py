@@ -122,13 +122,14 @@ async def memo_prompts(tokens: int, url: str | None = None, count: int = 2) -> l
 def _server_counter(url: str):
     async def count(text: str) -> int | None:
         async with httpx.AsyncClient(timeout=60) as client:
-            for body in ({"model": lora.MODEL, "prompt": text}, {"content": text, "add_special": True}):
+            # llama.cpp answers the vLLM schema with an empty token list: its own schema first
+            for body in ({"content": text, "add_special": True}, {"model": lora.MODEL, "prompt": text}):
                 r = await client.post(url.rstrip("/") + "/tokenize", json=body)
                 if r.status_code == 200:
                     data = r.json()
-                    if isinstance(data.get("count"), int):
+                    if isinstance(data.get("count"), int) and data["count"] > 0:
                         return data["count"]
-                    if isinstance(data.get("tokens"), list):
+                    if isinstance(data.get("tokens"), list) and data["tokens"]:
                         return len(data["tokens"])
         return None
     return count

@@ -150,10 +150,14 @@ def launch_spec(*, port: int, model: str, lora: bool = False, drafter: bool = Fa
         argv += ["--speculative-config", json.dumps(NGRAM_SPEC, separators=(",", ":"))]
         facts["speculative"] = NGRAM_SPEC
     if small_cache:
-        added["VLLM_CPU_KVCACHE_SPACE"] = ""  # empty: vLLM ignores it, and the bytes below apply
+        # Unset (an empty value fails in vLLM's envs.py): when set it overrides the bytes below.
+        del added["VLLM_CPU_KVCACHE_SPACE"]
         argv[argv.index("--max-model-len") + 1] = str(SMALL_MAX_MODEL_LEN)
         argv += ["--kv-cache-memory-bytes", str(SMALL_KV_BYTES)]
         facts["max_model_len"] = SMALL_MAX_MODEL_LEN
         facts["kv_cache"] = f"{SMALL_KV_BYTES // 2**20} MiB (small cache)"
     argv += list(extra_args)
-    return EngineLaunch(ENGINE, model, argv, child_env(added), added, url, STARTUP_TIMEOUT, facts)
+    env = child_env(added)
+    if small_cache:
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # also one inherited from the caller's environment
+    return EngineLaunch(ENGINE, model, argv, env, added, url, STARTUP_TIMEOUT, facts)

@@ -155,8 +155,11 @@ def launch_spec(*, port: int, model: str, lora: bool = False, drafter: bool = Fa
         facts.update(lora_mod.facts())
         facts["lora_ids"] = {a.name: a.llamacpp_id for a in adapters.values()}
     if drafter:
-        argv += ["-md", gguf, "--spec-draft-n-max", str(DRAFT_MAX), "--spec-draft-n-min", str(DRAFT_MIN)]
-        facts["speculative"] = f"draft model {Path(gguf).name} (Gemma drafting for itself), " \
+        # -md alone loads the draft model and drafts nothing in this build (draft_n 0: the type is
+        # inferred only from a draft repo's sidecar or the GGUF's metadata): the type must be named.
+        argv += ["-md", gguf, "--spec-type", "draft-simple",
+                 "--spec-draft-n-max", str(DRAFT_MAX), "--spec-draft-n-min", str(DRAFT_MIN)]
+        facts["speculative"] = f"draft-simple, draft model {Path(gguf).name} (Gemma drafting for itself), " \
                                f"--spec-draft-n-max {DRAFT_MAX} --spec-draft-n-min {DRAFT_MIN}"
     if small_cache:
         argv[argv.index("-c") + 1] = str(SMALL_CONTEXT)

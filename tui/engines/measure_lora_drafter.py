@@ -5,6 +5,7 @@ same helpers).
     python -m tui.engines.measure_lora_drafter lora URL --engine vllm|llamacpp [--memo-tokens 1000]
     python -m tui.engines.measure_lora_drafter drafter URL
     python -m tui.engines.measure_lora_drafter ramcache URL      (llama.cpp with --parallel 1)
+    python -m tui.engines.measure_lora_drafter mix URL --engine vllm|llamacpp   (base and adapters batched)
 
 Prints one JSON object. Plain, non-streamed /v1/completions requests, greedy, top-5 log-probabilities.
 """
@@ -231,13 +232,35 @@ def llamacpp_ram_cache_across_adapters(url: str, prompt: str, other: str) -> dic
             "texts": {"a_cold": a_cold.text, "b_cold": b_cold.text, "b_after_ram_restore": last.text}}
 
 
+def concurrent_mix(url: str, engine: str, prompt: str) -> dict:
+    """Cold (never cached) requests sent together in mixed groups of base and adapters: which
+    cold single-request answer does each one reproduce? (0.0 log-probability difference = that one.)"""
+    p = prompt.replace("\n\nQuestion:", "\n(mix)\n\nQuestion:")
+    names = [None, *lora.SEEDS]
+    label = lambda n: n or "base"  # noqa: E731
+    cold = {n: complete(url, engine, p, adapter=n, lora_on=True, max_tokens=20, cache=False) for n in names}
+    out = {}
+    for group in ([None, None], [None, "a"], [None, "a", "b"], ["a", "b"]):
+        with ThreadPoolExecutor(len(group)) as pool:
+            futures = [(n, pool.submit(complete, url, engine, p, adapter=n, lora_on=True, max_tokens=20, cache=False))
+                       for n in group]
+            rows = []
+            for n, f in futures:
+                ans = f.result()
+                rows.append({"adapter": label(n), "text": ans.text,
+                             "max_logprob_diff_vs_cold": {label(m): max_logprob_diff(ans, cold[m]) for m in names}})
+        out[" + ".join(label(n) for n in group)] = rows
+    return out
+
+
 # --- drafter ----------------------------------------------------------------------------------
 
 def spec_counters(url: str) -> dict[str, float]:
     text = httpx.get(url.rstrip("/") + "/metrics", timeout=30).text
     out = {}
     for line in text.splitlines():
-        if line.startswith(("llamacpp:spec_decode", "vllm:spec_decode")) and " " in line:
+        if line.startswith(("llamacpp:spec_decode", "vllm:spec_decode")) and " " in line \
+                and "_created" not in line.split("{")[0]:  # _created: a timestamp, not a count
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
@@ -254,8 +277,14 @@ def measure_drafter(url: str, engine: str = "llamacpp", max_tokens: int = 64) ->
     before = spec_counters(url)
     rows = {}
     for name, prompt in prompts.items():
+        start = spec_counters(url)
         ans = complete(url, engine, prompt, max_tokens=max_tokens, cache=False)
         drafted, accepted = ans.timings.get("draft_n"), ans.timings.get("draft_n_accepted")
+        if drafted is None:  # vLLM: no per-request counts; the counters' movement for this request alone
+            end = spec_counters(url)
+            moved = {k.split("{")[0]: end[k] - start.get(k, 0.0) for k in end}
+            drafted = int(moved.get("vllm:spec_decode_num_draft_tokens_total", 0))
+            accepted = int(moved.get("vllm:spec_decode_num_accepted_tokens_total", 0))
         rows[name] = {"generated": len(ans.tokens), "draft_n": drafted, "draft_n_accepted": accepted,
                       "acceptance": round(accepted / drafted, 3) if drafted else None,
                       "predicted_per_second": round(ans.timings.get("predicted_per_second", 0.0), 1),
@@ -266,7 +295,7 @@ def measure_drafter(url: str, engine: str = "llamacpp", max_tokens: int = 64) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["lora", "drafter", "ramcache"])
+    parser.add_argument("what", choices=["lora", "drafter", "ramcache", "mix"])
     parser.add_argument("url")
     parser.add_argument("--engine", choices=["vllm", "llamacpp"], default="llamacpp")
     parser.add_argument("--memo-tokens", type=int, default=1000)
@@ -276,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
             result = measure_lora(args.url, args.engine, args.memo_tokens)
         elif args.what == "drafter":
             result = measure_drafter(args.url, args.engine)
+        elif args.what == "mix":
+            memo = asyncio.run(memo_prompts(args.memo_tokens, args.url, count=1))[0][0]
+            result = concurrent_mix(args.url, args.engine, memo)
         else:
             memos = asyncio.run(memo_prompts(args.memo_tokens, args.url, count=2))
             result = llamacpp_ram_cache_across_adapters(args.url, memos[0][0], memos[1][0])

@@ -37,7 +37,7 @@ def vllm_lora():
 
 @pytest.fixture(scope="module")
 def memo():
-    return asyncio.run(memo_prompts(1000, count=1))[0]  # (recall prompt, code), sized by estimate
+    return asyncio.run(memo_prompts(600, count=1))[0]  # (recall prompt, code), sized by estimate
 
 
 def _distinct(url: str, engine: str) -> dict:
@@ -98,11 +98,36 @@ def test_llamacpp_request_without_lora_reuses_the_adapters_cache(llamacpp_lora, 
     prompt, _ = memo
     p = prompt.replace("\n\nQuestion:", "\n(no list)\n\nQuestion:")
     url = llamacpp_lora.url
+    base_cold = complete(url, "llamacpp", p, adapter=None, lora_on=True, max_tokens=20, cache=False)
     complete(url, "llamacpp", p, adapter="a", lora_on=True, max_tokens=20)
     default = complete(url, "llamacpp", p, lora_on=False, max_tokens=20)
     assert default.cached >= default.prompt_tokens - 2, default.cached   # a's cache, reused for the base model
+    # measured 1.37 apart (and a's greedy text): the answer is not the base model's
+    assert tokens_differ(default, base_cold) > 0 or max_logprob_diff(default, base_cold) > 0.1
     explicit = complete(url, "llamacpp", p, adapter="a", lora_on=True, max_tokens=20)
     assert explicit.cached == 0    # the slot now has the default set: back to a clears it
+
+
+def test_llamacpp_ram_prompt_cache_restores_across_adapters():
+    """llama.cpp b11434: the RAM prompt cache (--cache-ram) stores a prompt's state without the
+    adapter set it was computed under. One slot: the memo under a; another prompt under b (the
+    memo's state goes to RAM, the slot is cleared for the change and now holds b); the memo under
+    b: the slot's set (b) equals the request's, nothing clears, and a's state is restored.
+    Measured: cached 629 of 631, top-5 log-probabilities 0.81 from b's cold run."""
+    server = BackgroundServer("llamacpp", lora=True, small_cache=True, extra_args=("--parallel", "1")).start()
+    try:
+        (prompt, _), (other, _) = asyncio.run(memo_prompts(600, count=2))
+        url = server.url
+        b_cold = complete(url, "llamacpp", prompt, adapter="b", lora_on=True, max_tokens=20, cache=False)
+        complete(url, "llamacpp", prompt, adapter="a", lora_on=True, max_tokens=20, cache=False)
+        complete(url, "llamacpp", prompt, adapter="a", lora_on=True, max_tokens=20)   # as measured
+        middle = complete(url, "llamacpp", other, adapter="b", lora_on=True, max_tokens=4)
+        assert middle.cached == 0
+        last = complete(url, "llamacpp", prompt, adapter="b", lora_on=True, max_tokens=20)
+        assert last.cached >= last.prompt_tokens - 4, last.cached        # restored from RAM: a's state
+        assert tokens_differ(last, b_cold) > 0 or max_logprob_diff(last, b_cold) > 0.1
+    finally:
+        server.stop()
 
 
 def test_vllm_adapters_load_and_give_distinct_outputs(vllm_lora):

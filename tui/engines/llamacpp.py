@@ -40,7 +40,7 @@ NO_AMX = ("--no-repack",)
 DRAFT_MAX = 4
 DRAFT_MIN = 0
 # Small cache (an eviction phase in minutes): 2 slots of 2,048 tokens and a RAM prompt cache of
-# a few prompts (measured in NOTES-lora-drafter.md).
+# two or three ~630-token prompts (18-26 MiB each with checkpoints: NOTES-lora-drafter.md).
 SMALL_CONTEXT = 4096
 SMALL_SLOTS = 2
 SMALL_CACHE_RAM_MIB = 64

@@ -13,10 +13,11 @@ from tui.core.server.launch import ServerProcess, free_port
 
 
 class BackgroundServer:
-    def __init__(self, engine: str, model: str = "gemma3-270m", *, without: tuple[str, ...] = ()):
+    def __init__(self, engine: str, model: str = "gemma3-270m", *, without: tuple[str, ...] = (), **launch):
         self.engine = engine
         self.model = model
         self.without = without            # flags of the embedded command to leave out
+        self.launch = launch  # launch_spec options: lora=True, drafter=True, small_cache=True, extra_args=(...)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=f"{engine}-server", daemon=True)
         self.server: ServerProcess | None = None
@@ -28,8 +29,10 @@ class BackgroundServer:
     def start(self) -> "BackgroundServer":
         from tui.embedded import launch_spec, prepare
 
-        prepare(self.engine, model=self.model, progress=lambda line: print(f"[setup {self.engine}] {line}"))
-        spec = launch_spec(self.engine, port=free_port(), model=self.model)
+        prepare(self.engine, model=self.model, progress=lambda line: print(f"[setup {self.engine}] {line}"),
+                lora=bool(self.launch.get("lora")))
+        spec = launch_spec(self.engine, port=free_port(), model=self.model, **self.launch)
+        self.spec = spec
         self.thread.start()
         argv = [arg for arg in spec.argv if arg not in self.without]
         self.server = ServerProcess(argv, url=spec.url, env=spec.env)

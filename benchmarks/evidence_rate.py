@@ -409,12 +409,26 @@ async def child(argv: list[str], timeout: float, log_to: Path | None = None, wha
             out.close()
 
 
-def tail_of(path: Path, n: int = 1) -> str:
+def tail_of(path: Path) -> str:
+    """hitproof's own error line from a soak's console output, else its last line."""
     try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return "(no output)"
-    return " / ".join(line.strip()[:200] for line in lines[-n:]) or "(no output)"
+    errors = [line for line in lines if line.startswith("hitproof: error:")]
+    return (errors[-1].removeprefix("hitproof: error:").strip() if errors else lines[-1] if lines else "(no output)")[:300]
+
+
+def throttled(every: float = 20.0):
+    """A progress callback that speaks at most every `every` seconds (startup polls every 2 s)."""
+    last = [0.0]
+
+    def progress(line: str) -> None:
+        now = time.monotonic()
+        if now - last[0] >= every:
+            last[0] = now
+            say(line)
+    return progress
 
 
 async def soak(name: str, scenario: str, url: str, out: Path, timeout: float, bodies: Path | None = None) -> dict:
@@ -430,7 +444,7 @@ async def soak(name: str, scenario: str, url: str, out: Path, timeout: float, bo
     code, _ = await child(argv, timeout, log_to=console, what=f"soak {name}")
     wall = time.monotonic() - started
     if code not in (0, 1, 4) or not log.exists():
-        raise Problem(f"soak {name} ended with exit {code}: {tail_of(console)}")
+        raise Problem(f"soak {name} ended with exit {code}: {tail_of(console)} (output: {console})")
     code_r, text = await child([sys.executable, "-m", "tui", "report", str(log), "--format", "json"], 300,
                                what=f"report of soak {name}")
     if code_r not in (0, 1, 4):
@@ -517,7 +531,7 @@ async def orchestrate(args) -> dict:
             try:
                 await server.start()
                 say(f"started vLLM (pid {server.pid}) on {url}")
-                await server.wait_ready(spec.startup_timeout, progress=say)
+                await server.wait_ready(spec.startup_timeout, progress=throttled())
             except LaunchError as exc:
                 raise Problem(f"vLLM: {exc}") from None
             result["server"] = {"url": url, "engine": "vllm", "model": spec.model,
@@ -556,6 +570,11 @@ async def orchestrate(args) -> dict:
             say(f"fidelity: raw client {_ms(f.get('raw_ttft_mean_ms'))} over {f['raw_ttft_n']}, server "
                 f"{_ms((server_r or {}).get('mean_ms'))} over {(server_r or {}).get('count', 0)}; "
                 f"hits {f['hits_b']} in B, {f['hits_replay']} in the replay")
+    except Problem as exc:
+        if server is not None and server.exited.is_set():
+            raise Problem(f"{exc}; vLLM exited with code {server.returncode}: {server.last_line()[:200]} "
+                          f"(its output: {out / 'vllm.log'})") from None
+        raise
     finally:
         if server is not None:
             await server.stop()

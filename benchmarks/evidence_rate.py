@@ -581,6 +581,7 @@ async def orchestrate(args) -> dict:
             server_log.close()
             say("vLLM stopped")
     result["load_after"] = [round(v, 2) for v in os.getloadavg()]
+    (out / "result.json").write_text(json.dumps(result, indent=1))
     return result
 
 

@@ -297,13 +297,15 @@ def evidence(timeout: float = 5400.0) -> list[Row]:
 
 def evidence_rows(out: dict) -> list[Row]:
     a, b, f = out["before"], out["current"], out["fidelity"]
-    load = f"load average {out['load_before'][0]:.1f} before, {out['load_after'][0]:.1f} after"
+    load = (f"load average {out['load_before'][0]:.1f} at the start, {out['load_after_a'][0]:.1f} after the soak "
+            f"before, {out['load_after_b'][0]:.1f} after the soak now, {out['load_after'][0]:.1f} at the end")
 
     def bound(x: dict) -> float:
         return float("nan") if x["upper_bound_95"] is None else x["upper_bound_95"] * 100
 
     def soak(x: dict) -> str:
-        return (f"{x['checked_hits']} hits checked in {x['soak_s']:.0f} s, {x['requests']} requests, "
+        per = f" ({x['checked_hits'] / x['requests']:.2f} a request)" if x["requests"] else ""
+        return (f"{x['checked_hits']} hits checked in {x['soak_s']:.0f} s, {x['requests']} requests{per}, "
                 f"{x['verdict']}")
 
     rows = [

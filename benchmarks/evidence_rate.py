@@ -1,6 +1,6 @@
 """Evidence rate and time-to-first-token fidelity on a real server (`benchmarks/run.py --only evidence`).
 
-    python benchmarks/evidence_rate.py                  # the embedded vLLM, about 15 minutes here
+    python benchmarks/evidence_rate.py                  # the embedded vLLM, 24 minutes on a loaded machine
     python benchmarks/evidence_rate.py --attach URL     # a server that is already running
 
 One server (the embedded vLLM on 127.0.0.1 and a free port, started once and always stopped) serves,

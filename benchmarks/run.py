@@ -13,7 +13,7 @@ Sections (see benchmarks/README.md):
               without the app
   replay      a 500 MB log: first frame, final state, `report`, vs one plain read of the file
   memory      100,000 requests through the app's model and the recorder: resident memory growth
-  evidence    opt-in (--only evidence; the real vLLM, about 15 minutes): checked hits per minute and the
+  evidence    opt-in (--only evidence; the real vLLM, 15-25 minutes): checked hits per minute and the
               fault rate ruled out, quick soak now vs before (benchmarks/quick-before.toml), and the TTFT
               hitproof adds over vLLM's own histogram vs a raw client replaying the same requests
 
@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SECTIONS = ("fidelity", "throughput", "ui", "replay", "memory")
-OPT_IN = ("evidence",)        # run only when named in --only: it needs the real vLLM and ~15 minutes
+OPT_IN = ("evidence",)        # run only when named in --only: it needs the real vLLM and 15-25 minutes
 VLLM_PYTHON = Path.home() / ".cache" / "hitproof" / "vllm" / "venv" / "bin" / "python"
 
 

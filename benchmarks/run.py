@@ -13,6 +13,9 @@ Sections (see benchmarks/README.md):
               without the app
   replay      a 500 MB log: first frame, final state, `report`, vs one plain read of the file
   memory      100,000 requests through the app's model and the recorder: resident memory growth
+  evidence    opt-in (--only evidence; the real vLLM, 15-25 minutes): checked hits per minute and the
+              fault rate ruled out, quick soak now vs before (benchmarks/quick-before.toml), and the TTFT
+              hitproof adds over vLLM's own histogram vs a raw client replaying the same requests
 
 Every server runs in its own process on 127.0.0.1 and is stopped at the end; every client runs in a
 fresh process of its own.
@@ -34,6 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SECTIONS = ("fidelity", "throughput", "ui", "replay", "memory")
+OPT_IN = ("evidence",)        # run only when named in --only: it needs the real vLLM and 15-25 minutes
 VLLM_PYTHON = Path.home() / ".cache" / "hitproof" / "vllm" / "venv" / "bin" / "python"
 
 
@@ -269,6 +273,79 @@ def memory(quick: bool) -> list[Row]:
                 f"the app keeps {out['model_requests_kept']:,} requests", baseline_unit="MB")]
 
 
+# --- 6. evidence rate and TTFT fidelity on the real vLLM (opt-in) -------------------------------------------
+
+def evidence(timeout: float = 5400.0) -> list[Row]:
+    """benchmarks/evidence_rate.py in its own process (its progress goes straight to stderr); it starts
+    and stops the embedded vLLM itself. Stopped with SIGTERM (so it stops vLLM) if it overruns."""
+    process = subprocess.Popen([sys.executable, str(HERE / "evidence_rate.py")], cwd=ROOT, stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        stdout, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.terminate()
+        try:
+            process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+        raise RuntimeError(f"evidence_rate.py took longer than {timeout:.0f} s: stopped")
+    if process.returncode != 0:
+        raise RuntimeError(f"evidence_rate.py failed (exit {process.returncode}; its error is above)")
+    return evidence_rows(json.loads(stdout.strip().splitlines()[-1]))
+
+
+def evidence_rows(out: dict) -> list[Row]:
+    a, b, f = out["before"], out["current"], out["fidelity"]
+    load = (f"load average {out['load_before'][0]:.1f} at the start, {out['load_after_a'][0]:.1f} after the soak "
+            f"before, {out['load_after_b'][0]:.1f} after the soak now, {out['load_after'][0]:.1f} at the end")
+
+    def bound(x: dict) -> float:
+        return float("nan") if x["upper_bound_95"] is None else x["upper_bound_95"] * 100
+
+    def soak(x: dict) -> str:
+        per = f" ({x['checked_hits'] / x['requests']:.2f} a request)" if x["requests"] else ""
+        return (f"{x['checked_hits']} hits checked in {x['soak_s']:.0f} s, {x['requests']} requests{per}, "
+                f"{x['verdict']}")
+
+    rows = [
+        Row("evidence", "checked hits per minute, quick soak", b["checked_per_min"], "hits/min",
+            "the quick soak before (quick-before.toml)", a["checked_per_min"],
+            ratio(b["checked_per_min"], a["checked_per_min"]), "higher than before",
+            b["checked_per_min"] > a["checked_per_min"], f"now {soak(b)}; before {soak(a)}; {load}"),
+        Row("evidence", "per-hit fault rate ruled out, quick soak", bound(b), "%",
+            "the quick soak before (quick-before.toml)", bound(a),
+            None if b["upper_bound_95"] is None or not a["upper_bound_95"] else
+            b["upper_bound_95"] / a["upper_bound_95"], "lower than before (lower is better)",
+            None if b["upper_bound_95"] is None or a["upper_bound_95"] is None else
+            b["upper_bound_95"] < a["upper_bound_95"],
+            f"95% upper bound after {b['soak_s']:.0f} s of soak now, {a['soak_s']:.0f} s before; "
+            f"{b['failures']} and {a['failures']} failed"),
+    ]
+    server_b, server_r = f.get("server_b"), f.get("server_r")
+    if "hitproof_added_ms" in f and "raw_added_ms" in f:
+        added, raw_added = f["hitproof_added_ms"], f["raw_added_ms"]
+        counts = (f"hitproof {f['hitproof_ttft_n']} requests vs the server's {server_b['count']}, raw client "
+                  f"{f['raw_ttft_n']} vs {server_r['count']}")
+        if f["probes"]:
+            counts += (f" (with the {f['probes']} cache-report probe{'s' if f['probes'] > 1 else ''} hitproof sends "
+                       f"before its first phase, not in the log; the log's {f['logged_ttft_n']} alone: "
+                       f"{f['logged_added_ms']:+.1f} ms)")
+        if f["hitproof_ttft_n"] != server_b["count"] or f["raw_ttft_n"] != server_r["count"]:
+            counts += "; the counts differ"
+        note = (f"means: hitproof {f['hitproof_ttft_mean_ms']:.1f} ms, server {server_b['mean_ms']:.1f} ms in soak B; "
+                f"raw {f['raw_ttft_mean_ms']:.1f} ms, server {server_r['mean_ms']:.1f} ms in the replay; {counts}; "
+                f"hits {f['hits_b']} in B, {f['hits_replay']} in the replay ({f['hit_pattern_differs']} requests "
+                f"cold in one and hit in the other); at most {f['max_in_flight_b']} in flight in B, "
+                f"{f['max_in_flight_replay']} in the replay; {load}")
+        if f["raw_errors"]:
+            note += f"; {f['raw_errors']} replayed requests failed ({f['raw_first_error']})"
+        rows.append(Row("evidence", "TTFT added over the server's own, quick soak on vLLM", added, "ms",
+                        "raw client replay - server", raw_added, ratio(added, raw_added),
+                        "<= the raw client's + 1 ms", added <= raw_added + 1.0, note))
+    return rows
+
+
 # --- the runner ----------------------------------------------------------------------------------------------------------
 
 def machine() -> dict:
@@ -290,14 +367,15 @@ def markdown(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (the smoke test)")
-    parser.add_argument("--only", help=f"comma-separated sections: {','.join(SECTIONS)}")
+    parser.add_argument("--only", help=f"comma-separated sections: {','.join(SECTIONS)} (and the opt-in "
+                                       f"{','.join(OPT_IN)})")
     parser.add_argument("--json", metavar="FILE", help="write every row as JSON")
     parser.add_argument("--markdown", metavar="FILE", help="write the table as markdown")
     parser.add_argument("--vllm-python", default=str(VLLM_PYTHON),
                         help="interpreter with vLLM installed, for its bench client ('' to skip)")
     args = parser.parse_args(argv)
     sections = args.only.split(",") if args.only else list(SECTIONS)
-    unknown = set(sections) - set(SECTIONS)
+    unknown = set(sections) - set(SECTIONS) - set(OPT_IN)
     if unknown:
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
     vllm_python = Path(args.vllm_python) if args.vllm_python and Path(args.vllm_python).exists() else None
@@ -319,8 +397,10 @@ def main(argv: list[str] | None = None) -> int:
                 new = ui(args.quick)
             elif name == "replay":
                 new = replay(args.quick)
-            else:
+            elif name == "memory":
                 new = memory(args.quick)
+            else:                                        # evidence: one size only (--quick does not shrink it)
+                new = evidence()
         except Exception as exc:                          # one broken section does not hide the others
             failures.append(name)
             print(f"[{name}] FAILED: {exc}", flush=True)

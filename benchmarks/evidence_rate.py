@@ -67,7 +67,7 @@ REQUEST_TIMEOUT = 600.0        # seconds one replayed request may take (hitproof
 SOAK_TIMEOUT = 1500.0          # seconds one soak or the replay may take (a loaded machine is slow)
 TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
 TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
-NONCE_LETTERS = "abcdefghijkmnpqrstuvwxyz"      # the alphabet of tui.core.evidence.new_nonce
+NONCE_LETTERS = "abcdefghijkmnpqrstuvwxyz"      # the alphabet of tui.core.evidence.text.new_nonce
 
 
 class Problem(Exception):
@@ -93,8 +93,8 @@ def record_main(bodies: Path, hitproof_argv: list[str]) -> int:
     import contextvars
 
     from tui.cli import main as hitproof
-    from tui.core import client as client_module
-    from tui.core.events import EventBus, RequestStarted
+    from tui.core.server import client as client_module
+    from tui.core.log.events import EventBus, RequestStarted
 
     current: contextvars.ContextVar[int | None] = contextvars.ContextVar("hp_bench_request", default=None)
     sending: contextvars.ContextVar[dict | None] = contextvars.ContextVar("hp_bench_sending", default=None)
@@ -358,7 +358,7 @@ def build_plan(log: dict, kept: list[dict], port: int, rng: random.Random) -> tu
 async def scrape(url: str) -> dict[str, float]:
     import httpx
 
-    from tui.core.metrics import parse_metrics
+    from tui.core.server.metrics import parse_metrics
 
     async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
         try:
@@ -515,7 +515,7 @@ async def orchestrate(args) -> dict:
             url = args.attach.rstrip("/").removesuffix("/v1")
             result["server"] = {"url": url, "engine": "attached"}
         else:
-            from tui.core.launch import LaunchError, ServerProcess, free_port
+            from tui.core.server.launch import LaunchError, ServerProcess, free_port
             from tui.engines import SetupError, launch_spec, prepare
 
             try:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tui import engines
+from tui import embedded as engines
 from tui.embedded import lora
 
 

@@ -144,7 +144,7 @@ def test_raw_client_first_token_is_the_first_text_not_the_headers():
 
 
 def test_ttft_histogram_delta_parser():
-    from tui.core.metrics import parse_metrics
+    from tui.core.server.metrics import parse_metrics
 
     def text(total: float, count: int) -> str:
         return ("# HELP vllm:time_to_first_token_seconds TTFT\n# TYPE vllm:time_to_first_token_seconds histogram\n"
@@ -161,7 +161,7 @@ def test_bad_input_and_an_unreachable_server_are_one_line(tmp_path):
     bad = subprocess.run([sys.executable, str(BENCH / "evidence_rate.py"), "--attach", "http://10.1.2.3:80"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "loopback only" in bad.stderr and "Traceback" not in bad.stderr
-    from tui.core.launch import free_port
+    from tui.core.server.launch import free_port
 
     gone = subprocess.run([sys.executable, str(BENCH / "evidence_rate.py"), "--attach",
                            f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path)],

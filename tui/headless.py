@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .core.log.events import (Event, Finding, IsolationFinished, IsolationStarted, PhaseFinished, PhaseStarted,
-                              RequestFinished, RequestStarted, RunFinished, ServerInfo, ServerLog)
+                              RequestFinished, RequestStarted, RunFinished, ServerInfo)
 from .core.report import fmt
 from .core.report.formats import _determinism_line, _sampling, _settings
 from .core.report.latency import table_lines

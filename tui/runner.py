@@ -15,7 +15,7 @@ from typing import Awaitable, Callable
 from .core.server import enginelog
 from .core.soak.engine import Outcome, SoakEngine, Target
 from .core.server.checkpoints import parse_checkpoint_line
-from .core.log.events import CheckpointSeen, Event, EventBus, Finding, PhaseStarted, RunFinished, RunHeader, ServerLog
+from .core.log.events import CheckpointSeen, Event, EventBus, Finding, RunFinished, RunHeader, ServerLog
 from .core.server.incident import build_incident
 from .core.server.launch import LaunchError, ServerProcess, free_port
 from .core.server.profiles import LaunchPlan, Profile, env_of_interest

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 from . import llamacpp, vllm
 from .common import EngineLaunch, SetupError, cache_dir

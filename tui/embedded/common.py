@@ -5,7 +5,6 @@ Setup is synchronous (it mostly waits on pip); run it in a worker thread from a 
 
 from __future__ import annotations
 
-import collections
 import fcntl
 import json
 import os

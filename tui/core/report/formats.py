@@ -5,7 +5,6 @@ JSON stays RunReport.to_json(); power.power_json() is its "power" object. Pure: 
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import xml.etree.ElementTree as ET

@@ -13,7 +13,7 @@ from rich.text import Text
 from .core.log.events import (Event, Finding, IsolationFinished, IsolationStarted, PhaseFinished, PhaseStarted,
                               RequestFinished, RequestStarted, RunFinished, ServerInfo)
 from .core.report import fmt
-from .core.report.formats import _determinism_line, _sampling, _settings
+from .core.report import facts
 from .core.report.latency import table_lines
 from .core.report.power import power_line
 from .core.report.report import RunReport
@@ -120,7 +120,7 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
                               f"{phase.get('ttft_cold_s')} s cold -> {phase.get('ttft_hit_s')} s hit "
                               f"({phase['ttft_cut_pct']}% cut)"))
         if name == "determinism" and phase.get("determinism"):
-            lines.append(Text(f"  {_determinism_line(report)}"))
+            lines.append(Text(f"  {facts.determinism_line(report)}"))
     percentiles = table_lines(report.latency, report.phases)
     if percentiles:
         lines.append(Text("\n".join(percentiles)))
@@ -171,8 +171,8 @@ def report_text(report: RunReport) -> str:
                            f"{server.model}, grid {server.grid} tokens ({server.grid_source}), launch: {launch}"))
     if header is not None:
         console.print(Text(f"run {header.run_id} at {header.started_at}, scenario "
-                           f"{header.scenario.get('name')}, seed {_settings(report).get('seed')}, sampling "
-                           f"{fmt.kv(_sampling(report)) or 'default'}"))
+                           f"{header.scenario.get('name')}, seed {facts.settings(report).get('seed')}, sampling "
+                           f"{fmt.kv(facts.sampling(report)) or 'default'}"))
     console.print(summary_renderable(report))
     console.print(Text(power_line(report)))
     return _ANSI.sub("", out.getvalue())

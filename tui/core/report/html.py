@@ -123,7 +123,9 @@ mark.bad{background:#ffc9c9;outline:2px solid #d00000}mark.own{background:#d3f9d
 
 def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
     """The whole page as one string."""
-    from .formats import _where, incident_rows, ttft_rows
+    from .facts import where as place
+    from .incident import incident_rows
+    from .markdown import ttft_rows
     from .power import KINDS, evidence_counts
 
     fold = fold or HtmlFold()
@@ -221,7 +223,7 @@ def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
     for index in detailed:
         f = report.findings[index]
         out.append(f'<div class="finding {_e(f.severity)}" id="finding-{index}"><p><span class="sev {_e(f.severity)}">'
-                   f'{_e(f.severity)}</span> <b>{_e(f.kind)}</b> at {_e(_where(f))}, {f.t:.1f} s: {_e(f.detail)}</p>')
+                   f'{_e(f.severity)}</span> <b>{_e(f.kind)}</b> at {_e(place(f))}, {f.t:.1f} s: {_e(f.detail)}</p>')
         answer = fold.answers.get(f.request) if f.request is not None else None
         start = report.starts.get(f.request) if f.request is not None else None
         if answer is not None:
@@ -255,7 +257,7 @@ def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
         for index in listed:
             f = report.findings[index]
             out.append(f'<tr id="finding-{index}"><td class="sev {_e(f.severity)}">{_e(f.severity)}</td>'
-                       f'<td>{_e(f.kind)}</td><td>{_e(_where(f))}</td><td class="n">{f.t:.1f} s</td>'
+                       f'<td>{_e(f.kind)}</td><td>{_e(place(f))}</td><td class="n">{f.t:.1f} s</td>'
                        f'<td>{_e(f.detail[:300])}</td></tr>')
         out.append("</table>")
     if len(ordered) > MAX_FINDINGS_LISTED:

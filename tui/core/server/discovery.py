@@ -8,8 +8,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.errors import ServerProblem
-from .client import OpenAIClient
+from .client import OpenAIClient, RequestSpec
 from .metrics import CACHE_CONFIG, MetricSnapshot, parse_metrics
+
+
+# What a server needs to report per-request cached tokens (said when a phase cannot prove hits).
+CACHE_REPORT_FIX = {
+    "vllm": "start vLLM with --enable-prompt-tokens-details",
+    "sglang": "start SGLang with --enable-cache-report",
+    "llamacpp": "llama.cpp reports timings.cache_n by itself: something between hitproof and the server drops it",
+    "openai": "the server (or a proxy in front of it) must pass usage.prompt_tokens_details.cached_tokens through "
+              "or expose a cached-token counter on /metrics",
+}
+
+# (cached-token counter, the matching query counter or None). Queries count every prompt token
+# that was looked up; with them a window can tell that someone else used the server meanwhile.
+CACHED_COUNTERS = (
+    ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+    ("vllm:prompt_tokens_cached_total", None),
+    ("sglang:cached_tokens_total", None),
+    ("llamacpp:prompt_tokens_cached_total", None),
+)
 
 
 @dataclass
@@ -83,3 +102,31 @@ async def _detect_dialect(client: OpenAIClient, found: Discovery) -> str:
     if found.version_body is not None and "version" in found.version_body:
         return "vllm"
     return "openai"
+
+
+def counter_name(snapshot: MetricSnapshot | None) -> tuple[str, str | None] | None:
+    """The cached-token counter (and its query counter) this server exposes, if any."""
+    if snapshot is None or snapshot.error is not None:
+        return None
+    for name, queries in CACHED_COUNTERS:
+        if name in snapshot.values:
+            return name, (queries if queries in snapshot.values else None)
+    return None
+
+
+async def probe_cache_report(client: OpenAIClient, api: str, model: str, nonce: str,
+                             snapshot: MetricSnapshot | None) -> tuple[str, str, str]:
+    """How this server's hits can be proven: one tiny cold request (unique prompt, fresh salt, one
+    token) shows whether it reports per-request cached tokens; if not, whether its metrics have a
+    cached-token counter to attribute. ("request" | "counter" | "none", counter, query counter)."""
+    prompt = f"hitproof cache-report probe, run {nonce}."
+    spec = RequestSpec(api=api, max_tokens=1, temperature=0.0, model=model, salt=f"hp-{nonce}-probe",
+                       prompt=prompt if api == "completions" else None,
+                       messages=[{"role": "user", "content": prompt}] if api == "chat" else None)
+    completion = await client.stream(spec)
+    if completion.cached_tokens is not None:
+        return "request", "", ""
+    pair = counter_name(snapshot)
+    if pair is None:
+        return "none", "", ""
+    return "counter", pair[0], pair[1] or ""

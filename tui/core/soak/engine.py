@@ -15,17 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ... import __version__
-from ..server.client import OpenAIClient, RequestSpec
+from ..server.client import OpenAIClient
 from ..config.errors import EXIT_INTERRUPTED, EXIT_SERVER, HitproofError, ServerProblem
 from .isolation import IsolationResult, isolate, why_not_isolated
 from ..log.events import (CheckpointSeen, Event, EventBus, Finding, MetricsSample, PhaseFinished, PhaseStarted,
                           PowerJudged, RunFinished, RunHeader, ServerInfo)
 from ..evidence.text import CodeBook, Registry, new_nonce
-from ..server.discovery import discover, scrape
+from ..server.discovery import CACHE_REPORT_FIX, discover, probe_cache_report, scrape
 from ..server.metrics import MetricSnapshot, block_size, compact
 from .phases import PHASES
 from ..report.power import EvidenceTally, hits_needed, target_sentence, upper_bound
-from .proof import counter_name
 from .context import SoakContext
 from .requester import Requester
 from .state import PhaseState
@@ -34,14 +33,6 @@ from ..evidence.tokens import TokenCounter
 from ..checks.verdicts import exit_code, run_verdict
 
 DEFAULT_GRID = 16
-# What a server needs to report per-request cached tokens (said when a phase cannot prove hits).
-CACHE_REPORT_FIX = {
-    "vllm": "start vLLM with --enable-prompt-tokens-details",
-    "sglang": "start SGLang with --enable-cache-report",
-    "llamacpp": "llama.cpp reports timings.cache_n by itself: something between hitproof and the server drops it",
-    "openai": "the server (or a proxy in front of it) must pass usage.prompt_tokens_details.cached_tokens through "
-              "or expose a cached-token counter on /metrics",
-}
 
 
 @dataclass
@@ -333,7 +324,8 @@ class SoakEngine:
         if dialect == "llamacpp" and found.props is not None:
             facts["props"] = found.props
             version = version or found.props.get("build_info")
-        report, counter, queries = await self._probe_cache_report(model, snapshot)
+        report, counter, queries = await probe_cache_report(self.client, self.scenario.api, model, self.nonce,
+                                                            snapshot if self.metrics_available else None)
         info = ServerInfo(
             url=self.target.url, dialect=dialect, version=version, models=models, model=model,
             cache_config=found.cache_config, grid=grid, grid_source=grid_source, tokenizer=tokenizer,
@@ -343,23 +335,6 @@ class SoakEngine:
             cached_fix=CACHE_REPORT_FIX.get(dialect, CACHE_REPORT_FIX["openai"]))
         self.emit(info)
         return info
-
-    async def _probe_cache_report(self, model: str, snapshot: MetricSnapshot | None) -> tuple[str, str, str]:
-        """How this server's hits can be proven: one tiny cold request (unique prompt, fresh salt,
-        one token) shows whether it reports per-request cached tokens; if not, whether /metrics has
-        a cached-token counter to attribute. ("request" | "counter" | "none", counter, query counter)."""
-        prompt = f"hitproof cache-report probe, run {self.nonce}."
-        spec = RequestSpec(api=self.scenario.api, max_tokens=1, temperature=0.0, model=model,
-                           salt=f"hp-{self.nonce}-probe",
-                           prompt=prompt if self.scenario.api == "completions" else None,
-                           messages=[{"role": "user", "content": prompt}] if self.scenario.api == "chat" else None)
-        completion = await self.client.stream(spec)
-        if completion.cached_tokens is not None:
-            return "request", "", ""
-        pair = counter_name(snapshot) if self.metrics_available else None
-        if pair is None:
-            return "none", "", ""
-        return "counter", pair[0], pair[1] or ""
 
     # --- metrics ------------------------------------------------------------------------
 

@@ -33,27 +33,52 @@ class Judge:
     async def judge(self, state: PhaseState, record: Record, expect: str, judges: tuple[str, ...],
                     control: bool = True) -> None:
         """Judge a main-arm request: foreign codes at once; hit-path problems against a cold control."""
+        single_groups = self._foreign_codes(state, record)
+        self._expectations(state, record, expect)
+        if self.rq.scenario.evidence.fingerprints and record.memo is not None:
+            await self._judge_fingerprint(state, record)
+        problems = hit_path_problems(record.checks)
+        if not (problems or single_groups) or not control:
+            for foreign in single_groups:         # no control to judge it by: a warning
+                self._single_group(state, record, foreign, None)
+            return
+        if record.cold:
+            self._on_cold(state, record, expect, problems, single_groups)
+            return
+        cold = await self.rq.send(state, dataclasses.replace(record.spec, salt=self.rq.fresh_salt()),
+                                  task=record.task, memo=record.memo, slot=record.slot, round=record.round,
+                                  turn=record.turn, expect="cold", arm="control", of_request=record.request,
+                                  judges=judges)
+        self._against_control(state, record, cold, problems, single_groups)
+
+    def _foreign_codes(self, state: PhaseState, record: Record) -> list[dict]:
+        """Whole foreign codes are fail-class at once; single groups are returned for the control."""
         c = record.checks
         single_groups = []
         for foreign in c.get("foreign", []):
             if foreign["groups"] >= 2:
                 self.rq.finding(state, "foreign_code", "fail", record, offset=foreign["offset"],
-                             detail=f"answer carries code {foreign['code']} owned by memo {foreign['owner']} at "
-                                    f"offset {foreign['offset']}",
-                             code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"])
+                                detail=f"answer carries code {foreign['code']} owned by memo {foreign['owner']} "
+                                       f"at offset {foreign['offset']}",
+                                code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"])
             else:
-                single_groups.append(foreign)    # judged against the cold control below
+                single_groups.append(foreign)
         if c.get("wrong_task") is not None:
             self.rq.finding(state, "wrong_task", "warn", record, offset=c["wrong_task"],
-                         detail=f"a {record.task} request answered with its own code (a candidate fluke, not a leak)")
+                            detail=f"a {record.task} request answered with its own code (a candidate fluke, not a "
+                                   f"leak)")
+        return single_groups
+
+    def _expectations(self, state: PhaseState, record: Record, expect: str) -> None:
+        """A request meant to be cold must be proven cold; one meant to hit is counted, hit or not."""
         if expect == "cold" and not record.cold:
             if record.proof.low > record.cold_tolerance:
                 state.mark_inconclusive(f"request {record.request} should be cold but had {record.proof.low} "
                                         f"cached tokens")
                 self.rq.finding(state, "cold_not_cold", "warn", record,
-                             detail=f"expected a cold request, got {record.proof.low} cached tokens (at most "
-                                    f"{record.cold_tolerance} may be shared before the run nonce)",
-                             cached_tokens=record.proof.low, tolerance=record.cold_tolerance)
+                                detail=f"expected a cold request, got {record.proof.low} cached tokens (at most "
+                                       f"{record.cold_tolerance} may be shared before the run nonce)",
+                                cached_tokens=record.proof.low, tolerance=record.cold_tolerance)
             else:
                 state.mark_inconclusive("cold requests are not proven cold: their cached tokens are unknown"
                                         + (f" ({state.no_report_fix})" if state.no_report_fix else ""))
@@ -61,44 +86,38 @@ class Judge:
             state.expected_hits += 1
             if not record.hit:
                 state.unproven_expected += 1
-            miss = (c.get("checkpoint") or {}).get("full_reprocess")
+            miss = (record.checks.get("checkpoint") or {}).get("full_reprocess")
             if miss and not record.hit:
                 self.rq.finding(state, "checkpoint_miss", "info", record,
-                             detail="a shared prefix got no hit: the server had no usable checkpoint inside it "
-                                    "(neither a pass nor a fail)", line=miss)
-        if self.rq.scenario.evidence.fingerprints and record.memo is not None:
-            await self._judge_fingerprint(state, record)
-        problems = hit_path_problems(c)
-        if not (problems or single_groups) or not control:
-            for foreign in single_groups:         # no control to judge it by: a warning
-                self._single_group(state, record, foreign, None)
-            return
-        if record.cold:
-            state.cold_failures += bool(problems)
-            # A model that cannot give its own code back cold proves nothing by recall; one that
-            # loops or stops on its own still leaves the other evidence (codes elsewhere, fingerprints).
-            if expect == "cold" and any(kind == "recall_miss" for kind, _, _ in problems):
-                state.mark_inconclusive(f"cold baseline failed on request {record.request} (recall_miss)")
-            for kind, offset, detail in problems:
-                self.rq.finding(state, kind, "info", record, offset=offset,
-                             detail=f"{detail}; on a cold request (no hit): the model, not the cache")
-            for foreign in single_groups:
-                self.rq.finding(state, "foreign_code", "info", record, offset=foreign["offset"],
-                             detail=f"one group ({foreign['matched']}) of code {foreign['code']} of memo "
-                                    f"{foreign['owner']} on a cold request: the model wrote that number itself",
-                             code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"])
-            return
-        control = await self.rq.send(state, dataclasses.replace(record.spec, salt=self.rq.fresh_salt()),
-                                  task=record.task, memo=record.memo, slot=record.slot, round=record.round,
-                                  turn=record.turn, expect="cold", arm="control", of_request=record.request,
-                                  judges=judges)
+                                detail="a shared prefix got no hit: the server had no usable checkpoint inside it "
+                                       "(neither a pass nor a fail)", line=miss)
+
+    def _on_cold(self, state: PhaseState, record: Record, expect: str, problems: list, single_groups: list) -> None:
+        """Problems on a cold request are the model's, never the cache's."""
+        state.cold_failures += bool(problems)
+        # A model that cannot give its own code back cold proves nothing by recall; one that
+        # loops or stops on its own still leaves the other evidence (codes elsewhere, fingerprints).
+        if expect == "cold" and any(kind == "recall_miss" for kind, _, _ in problems):
+            state.mark_inconclusive(f"cold baseline failed on request {record.request} (recall_miss)")
+        for kind, offset, detail in problems:
+            self.rq.finding(state, kind, "info", record, offset=offset,
+                            detail=f"{detail}; on a cold request (no hit): the model, not the cache")
+        for foreign in single_groups:
+            self.rq.finding(state, "foreign_code", "info", record, offset=foreign["offset"],
+                            detail=f"one group ({foreign['matched']}) of code {foreign['code']} of memo "
+                                   f"{foreign['owner']} on a cold request: the model wrote that number itself",
+                            code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"])
+
+    def _against_control(self, state: PhaseState, record: Record, control: Record, problems: list,
+                         single_groups: list) -> None:
+        """Fail-class only where the hit is wrong and the cold control right; info where both are wrong."""
         control_problems = {kind for kind, _, _ in hit_path_problems(control.checks)}
         control_cold = control.cold
         for foreign in control.checks.get("foreign", []):
             if foreign["groups"] >= 2:
                 self.rq.finding(state, "foreign_code", "fail", control, offset=foreign["offset"],
-                             detail=f"the cold control carries code {foreign['code']} of memo {foreign['owner']}",
-                             code=foreign["code"], owner=foreign["owner"])
+                                detail=f"the cold control carries code {foreign['code']} of memo {foreign['owner']}",
+                                code=foreign["code"], owner=foreign["owner"])
         for foreign in single_groups:
             self._single_group(state, record, foreign, control if control_cold else None)
         on_what = (f"on a hit ({cached_words(record.proof)})" if record.hit
@@ -106,19 +125,19 @@ class Judge:
         for kind, offset, detail in problems:
             if not control_cold:
                 self.rq.finding(state, kind, "warn", record, offset=offset,
-                             detail=f"{detail}; no cold control possible (the salted re-send is not proven cold: "
-                                    f"{cached_words(control.proof)})", control_request=control.request)
+                                detail=f"{detail}; no cold control possible (the salted re-send is not proven cold: "
+                                       f"{cached_words(control.proof)})", control_request=control.request)
             elif kind in control_problems:
                 state.model_failures += 1
                 self.rq.finding(state, kind, "info", record, offset=offset,
-                             detail=f"{detail}; the cold control (request {control.request}) fails the same "
-                                    f"way: the model, not the cache", control_request=control.request)
+                                detail=f"{detail}; the cold control (request {control.request}) fails the same "
+                                       f"way: the model, not the cache", control_request=control.request)
             else:
                 self.rq.finding(state, kind, "fail" if record.hit else "warn", record, offset=offset,
-                             detail=f"{detail} {on_what}, while the cold control (request {control.request}) "
-                                    f"is right",
-                             control_request=control.request, cached_tokens=record.proof.low,
-                             control_text=control.text[:400])
+                                detail=f"{detail} {on_what}, while the cold control (request {control.request}) "
+                                       f"is right",
+                                control_request=control.request, cached_tokens=record.proof.low,
+                                control_text=control.text[:400])
 
     def _single_group(self, state: PhaseState, record: Record, foreign: dict, control: Record | None) -> None:
         """One four-digit group of another memo's code: a mixed state, or a number the model wrote

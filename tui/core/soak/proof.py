@@ -25,14 +25,6 @@ from typing import Awaitable, Callable
 
 from ..server.metrics import MetricSnapshot
 
-# (cached-token counter, the matching query counter or None). Queries count every prompt token
-# that was looked up; with them a window can tell that someone else used the server meanwhile.
-COUNTERS = (
-    ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
-    ("vllm:prompt_tokens_cached_total", None),
-    ("sglang:cached_tokens_total", None),
-    ("llamacpp:prompt_tokens_cached_total", None),
-)
 # llama.cpp prints /metrics values with 6 significant digits: above 10^6 a counter moves in steps.
 EXACT_BELOW = 1_000_000
 
@@ -72,16 +64,6 @@ def rises(before: CacheProof, after: CacheProof) -> bool | None:
         return True
     if after.high is not None and after.high <= before.low:
         return False
-    return None
-
-
-def counter_name(snapshot: MetricSnapshot | None) -> tuple[str, str | None] | None:
-    """The cached-token counter (and its query counter) this server exposes, if any."""
-    if snapshot is None or snapshot.error is not None:
-        return None
-    for name, queries in COUNTERS:
-        if name in snapshot.values:
-            return name, (queries if queries in snapshot.values else None)
     return None
 
 

@@ -51,33 +51,24 @@ async def run(rq, state) -> None:
         rq.finding(state, "no_hits", "warn", state.last, detail="determinism: repeats of the memo have no proven "
                    "cache hit (0 cached tokens, or unknown)")
         return
+    judge(rq, state, cold, hits, cold_again, short_runs)
+
+
+def judge(rq, state, cold, hits: list, cold_again, short_runs: list) -> None:
+    """hit != cold while hit == hit and cold == cold is the cache path (fail, or info for a near-tied
+    flip); hit != hit or cold != cold is the kernel; the short memo's runs say whether the kernel
+    varies with no cache at all."""
     verdict = classify_determinism(cold.text, [h.text for h in hits], cold_again.text, [r.text for r in short_runs])
-    state.extra["determinism"] = {"kind": verdict.kind, "hit_vs_cold": verdict.hit_vs_cold,
-                                  "hit_vs_hit": verdict.hit_vs_hit, "cold_vs_cold": verdict.cold_vs_cold,
-                                  "short_control": verdict.short_control}
+    found = state.extra["determinism"] = {"kind": verdict.kind, "hit_vs_cold": verdict.hit_vs_cold,
+                                          "hit_vs_hit": verdict.hit_vs_hit, "cold_vs_cold": verdict.cold_vs_cold,
+                                          "short_control": verdict.short_control}
     if cold.completion.logprobs and hits[0].completion.logprobs:
-        same = compare_logprobs(cold.completion.logprobs, hits[0].completion.logprobs)
-        state.extra["determinism"]["logprob_delta_hit_vs_cold"] = same.max_prefix_delta
+        found["logprob_delta_hit_vs_cold"] = compare_logprobs(cold.completion.logprobs,
+                                                              hits[0].completion.logprobs).max_prefix_delta
     offsets = (f"hit vs cold at {verdict.hit_vs_cold}, hit vs hit at {verdict.hit_vs_hit}, "
                f"cold vs cold at {verdict.cold_vs_cold}, short control at {verdict.short_control}")
     if verdict.kind == "cache_path_divergence":
-        diverging = next(h for h in hits if h.text != cold.text)
-        compared = compare_logprobs(cold.completion.logprobs, diverging.completion.logprobs)
-        state.extra["determinism"]["logprobs"] = {"token": compared.token, "max_prefix_delta":
-                                                  compared.max_prefix_delta, "margin": compared.margin}
-        if cold.completion.logprobs and compared.near_tie(d.logprob_tolerance):
-            rq.finding(state, "cache_path_divergence", "info", diverging, offset=verdict.hit_vs_cold,
-                       detail=f"the hit's greedy output flips a near-tied choice at character {verdict.hit_vs_cold} "
-                              f"(token {compared.token}: {compared.margin:.4f} nats behind on the cold path; "
-                              f"log-probabilities before it agree to {compared.max_prefix_delta:.4f}): a numerical "
-                              f"difference of prefill from cache, not a wrong state ({offsets})",
-                       cold_request=cold.request, **state.extra["determinism"]["logprobs"])
-        else:
-            rq.finding(state, "cache_path_divergence", "fail", diverging, offset=verdict.hit_vs_cold,
-                       detail=f"greedy output on a hit differs from cold at character {verdict.hit_vs_cold} while "
-                              f"hits agree with each other and colds with each other ({offsets})",
-                       cold_request=cold.request, cold_again_request=cold_again.request,
-                       **state.extra["determinism"]["logprobs"])
+        _divergence(rq, state, cold, hits, cold_again, verdict.hit_vs_cold, offsets)
     elif verdict.kind == "kernel_nondeterminism":
         offset = verdict.hit_vs_hit if verdict.hit_vs_hit is not None else verdict.cold_vs_cold
         rq.finding(state, "kernel_nondeterminism", "info", hits[0], offset=offset,
@@ -85,3 +76,23 @@ async def run(rq, state) -> None:
     if verdict.short_control is not None:
         rq.finding(state, "kernel_nondeterminism", "info", short_runs[0], offset=verdict.short_control,
                    detail=f"the short memo, always cold, varies at character {verdict.short_control}")
+
+
+def _divergence(rq, state, cold, hits: list, cold_again, at: int, offsets: str) -> None:
+    d = rq.scenario.determinism
+    diverging = next(h for h in hits if h.text != cold.text)
+    compared = compare_logprobs(cold.completion.logprobs, diverging.completion.logprobs)
+    logprobs = state.extra["determinism"]["logprobs"] = {"token": compared.token, "max_prefix_delta":
+                                                         compared.max_prefix_delta, "margin": compared.margin}
+    if cold.completion.logprobs and compared.near_tie(d.logprob_tolerance):
+        rq.finding(state, "cache_path_divergence", "info", diverging, offset=at,
+                   detail=f"the hit's greedy output flips a near-tied choice at character {at} "
+                          f"(token {compared.token}: {compared.margin:.4f} nats behind on the cold path; "
+                          f"log-probabilities before it agree to {compared.max_prefix_delta:.4f}): a numerical "
+                          f"difference of prefill from cache, not a wrong state ({offsets})",
+                   cold_request=cold.request, **logprobs)
+    else:
+        rq.finding(state, "cache_path_divergence", "fail", diverging, offset=at,
+                   detail=f"greedy output on a hit differs from cold at character {at} while "
+                          f"hits agree with each other and colds with each other ({offsets})",
+                   cold_request=cold.request, cold_again_request=cold_again.request, **logprobs)

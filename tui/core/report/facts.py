@@ -1,0 +1,67 @@
+"""Facts every report format states the same way: the run's message, where a finding is, findings
+in severity order, counts per phase, sampling, the TTFT cut and determinism lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..log.events import Finding
+from . import fmt
+from .report import RunReport
+
+SEVERITY_ORDER = {"fail": 0, "warn": 1, "info": 2}
+UNFINISHED = ("error", "interrupted", "incomplete")
+
+
+def message(report: RunReport) -> str:
+    return report.end.message if report.end else "the log ends before the run did"
+
+
+def where(f: Finding) -> str:
+    parts = [f.phase or "run"]
+    for label, value in (("slot", f.slot), ("round", f.round), ("request", f.request), ("offset", f.offset)):
+        if value is not None:
+            parts.append(f"{label} {value}")
+    return ", ".join(parts)
+
+
+def sorted_findings(report: RunReport) -> list[Finding]:
+    return sorted(report.findings, key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), f.seq))
+
+
+def counts(report: RunReport, phase: str) -> dict[str, int]:
+    counts = {"fail": 0, "warn": 0, "info": 0}
+    for f in report.findings:
+        if f.phase == phase and f.severity in counts:
+            counts[f.severity] += 1
+    return counts
+
+
+def settings(report: RunReport) -> dict[str, Any]:
+    return ((report.header.scenario if report.header else None) or {}).get("settings") or {}
+
+
+def sampling(report: RunReport) -> dict[str, Any]:
+    target = report.header.target if report.header else {}
+    return (target or {}).get("sampling") or settings(report).get("sampling") or {}
+
+
+def ttft_lines(report: RunReport) -> list[str]:
+    lines = []
+    for name, phase in report.phases.items():
+        cold, hit, cut = phase.get("ttft_cold_ms"), phase.get("ttft_hit_ms"), phase.get("ttft_cut_pct")
+        if cut is None:
+            continue
+        size = f" ({phase['prompt_tokens']} prompt tokens)" if name == "long_prompt" and phase.get("prompt_tokens") else ""
+        lines.append(f"{name}{size}: TTFT {fmt.ms(cold)} ms cold -> {fmt.ms(hit)} ms hit ({cut}% cut)")
+    return lines
+
+
+def determinism_line(report: RunReport) -> str | None:
+    d = (report.phases.get("determinism") or {}).get("determinism")
+    if not d:
+        return None
+    off = lambda v: "none" if v is None else f"char {v}"   # noqa: E731
+    return (f"determinism: {d.get('kind')} (first divergence: hit vs cold {off(d.get('hit_vs_cold'))}, hit vs hit "
+            f"{off(d.get('hit_vs_hit'))}, cold vs cold {off(d.get('cold_vs_cold'))}, short cold control "
+            f"{off(d.get('short_control'))})")

@@ -1,0 +1,148 @@
+"""`hitproof report --format markdown`: a bug-report paste. Verdict, server and run facts, the incident
+record, phases, timing and determinism, TTFT percentiles, findings, isolation re-runs and power. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import facts, fmt
+from .facts import SEVERITY_ORDER
+from .incident import incident_rows
+from .latency import ARMS, STAT_KEYS
+from .power import KINDS, evidence_counts, rotation_slots, sizing_sentence
+from .report import RunReport
+
+
+def _md(value: Any) -> str:
+    return fmt.cell(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def _row(*cells: Any) -> str:
+    return "| " + " | ".join(_md(c) for c in cells) + " |"
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    return [_row(*headers), "|" + "|".join("---" for _ in headers) + "|"] + [_row(*r) for r in rows]
+
+
+def to_markdown(report: RunReport) -> str:
+    """A bug-report paste: verdict, server and run facts, phases, timing, findings, isolation, power."""
+    lines = [f"## hitproof: {report.verdict.upper()} (exit {report.exit_code})", "",
+             f"{facts.message(report)}; {len(report.starts)} requests, {report.cache_hits()} cache hits, "
+             f"{report.last_t:.1f} s.", ""]
+    if report.warning:
+        lines += [f"> **Warning:** {report.warning}", ""]
+    for section in (_server_and_run, incident_markdown, _phases, _timing, ttft_markdown, _findings, _isolations,
+                    _power):
+        lines += section(report)
+    return "\n".join(lines)
+
+
+def _server_and_run(report: RunReport) -> list[str]:
+    header, server = report.header, report.server
+    target = (header.target if header else None) or {}
+    rows: list[list[Any]] = []
+    if server is not None:
+        rows += [["URL", server.url], ["dialect", server.dialect], ["server version", server.version or "unknown"],
+                 ["model", server.model], ["grid", f"{server.grid} tokens ({server.grid_source})"],
+                 ["tokenizer", server.tokenizer], ["cold requests forced by", server.salts or "unknown"],
+                 ["cache config", fmt.kv(server.cache_config) or "unknown"]]
+    elif target.get("url"):
+        rows.append(["URL", target["url"]])
+    rows.append(["launch command", target.get("launch_command") or "attached (not launched by hitproof)"])
+    if target.get("env"):
+        rows.append(["environment", fmt.kv(target["env"])])
+    if header is not None:
+        rows += [["scenario", f"{header.scenario.get('name')} ({header.scenario.get('source')}, sha256 "
+                              f"{str(header.scenario.get('sha256') or '')[:12]})"],
+                 ["seed", facts.settings(report).get("seed")],
+                 ["sampling", fmt.kv(facts.sampling(report)) or "default"],
+                 ["cache reuse forced off", "yes" if target.get("cache_reuse_forced_off") else "no"],
+                 ["run", f"{header.run_id}, started {header.started_at}"],
+                 ["hitproof", f"{header.tool.get('version')} (python {header.tool.get('python')})"],
+                 ["command", " ".join(header.tool.get("argv") or [])]]
+    return ["### Server and run", ""] + _table(["", ""], rows) + [""]
+
+
+def _phases(report: RunReport) -> list[str]:
+    rows = []
+    for name, phase in report.phases.items():
+        c = facts.counts(report, name)
+        rows.append([name, phase.get("status", "?"), phase.get("requests"), phase.get("hits"),
+                     phase.get("hits_proven") or "per request", phase.get("cached_tokens"),
+                     fmt.ms(phase.get("ttft_cold_ms")), fmt.ms(phase.get("ttft_hit_ms")),
+                     f"{c['fail']}/{c['warn']}/{c['info']}"])
+    lines = ["### Phases", ""] + _table(["phase", "status", "requests", "hits", "hits proven", "cached tokens",
+                                         "TTFT cold ms", "TTFT hit ms", "findings f/w/i"], rows) + [""]
+    if report.power_target is not None:
+        lines += [f"**Power target:** {report.power_target.sentence}.", ""]
+    reasons = [f"- {name}: {r}" for name, phase in report.phases.items() for r in phase.get("reasons") or []]
+    return lines + (reasons + [""] if reasons else [])
+
+
+def _timing(report: RunReport) -> list[str]:
+    timing = facts.ttft_lines(report) + [x for x in [facts.determinism_line(report)] if x]
+    return ["### Timing and determinism", ""] + [f"- {t}" for t in timing] + [""] if timing else []
+
+
+def _findings(report: RunReport) -> list[str]:
+    ordered = facts.sorted_findings(report)
+    c = {s: sum(1 for f in ordered if f.severity == s) for s in SEVERITY_ORDER}
+    lines = [f"### Findings ({c['fail']} fail, {c['warn']} warn, {c['info']} info)", ""]
+    if ordered:
+        lines += _table(["severity", "kind", "phase", "slot", "round", "request", "offset", "detail"],
+                        [[f.severity, f"`{f.kind}`", f.phase, f.slot, f.round, f.request, f.offset, f.detail]
+                         for f in ordered])
+    else:
+        lines.append("None.")
+    return lines + [""]
+
+
+def _isolations(report: RunReport) -> list[str]:
+    if not report.isolations:
+        return []
+    return ["### Isolation re-runs", ""] + _table(
+        ["request", "flagged for", "verdict", "reproduced on hits", "reproduced cold", "detail"],
+        [[i.request, f"`{i.kind}`", i.verdict, f"{i.reproduced}/{i.hit_runs}", f"{i.cold_reproduced}/{i.cold_runs}",
+          i.detail] for i in report.isolations.values()]) + [""]
+
+
+def _power(report: RunReport) -> list[str]:
+    counts = evidence_counts(report)
+    lines = ["### Statistical power", "",
+             "Upper bounds are one-sided 95% (exact Clopper-Pearson; 3/n for a clean run) on the per-hit "
+             "fault rate, counting checked hits as independent trials.", ""]
+    lines += [f"- **{name}**: {counts[name]['sentence']}" for name, _, _ in KINDS]
+    return lines + [f"- sizing: {sizing_sentence(0.01, 0.95, rotation_slots(report))}", ""]
+
+
+def ttft_rows(report: RunReport) -> list[list[str]]:
+    """[phase, path, n, min, p50, p90, p99, max] (ms) per phase and path with samples; '-' when unknown."""
+    rows = []
+    names = list(dict.fromkeys([*report.phases, *report.latency.phases()]))
+    for name in names:
+        stats = report.latency.phase(name)
+        for arm in ARMS:
+            d = stats[arm]
+            if d["n"]:
+                rows.append([name, arm, str(d["n"])] + [fmt.ms(d[k]) for k in STAT_KEYS[1:]])
+        if stats["unknown_cached"]:
+            rows.append([name, "unknown cached", str(stats["unknown_cached"])] + ["-"] * 5)
+    return rows
+
+
+def ttft_markdown(report: RunReport) -> list[str]:
+    rows = ttft_rows(report)
+    if not rows:
+        return []
+    return ["### TTFT percentiles (ms)", "",
+            "Main-arm requests; cold and hit as proven; unknown cached tokens count as neither.", ""] \
+        + _table(["phase", "path", "n", "min", "p50", "p90", "p99", "max"], rows) + [""]
+
+
+def incident_markdown(report: RunReport) -> list[str]:
+    rows = incident_rows(report)
+    if not rows:
+        return []
+    return ["### Incident record", ""] + _table(["", ""], [[k, v] for k, v in rows]) + [""]
+

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tui.core.client import OpenAIClient, RequestSpec, StreamError
+from tui.core.errors import ServerProblem
 
 
 def sse_events(texts: list[str], finish: str = "stop") -> list[bytes]:
@@ -139,8 +140,8 @@ async def test_bad_chunk_framing_is_a_stream_error():
 
 async def test_an_http_error_status_keeps_the_server_message():
     error = b'{"error": {"message": "model not loaded"}}'
-    reply = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: %d\r\n\r\n" % len(error) + error
-    with pytest.raises(Exception, match="HTTP 503.*model not loaded"):
+    reply = b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: %d\r\n\r\n" % len(error) + error
+    with pytest.raises(ServerProblem, match="HTTP 500.*model not loaded"):
         await stream_once([[(0, reply)]])
 
 

@@ -98,7 +98,7 @@ async def test_http_500_mid_run_exits_3_and_keeps_the_log(refserver, tmp_path):
     finally:
         await proxy.close()
     assert result.code == 3
-    assert "error: HTTP 500 from /v1/completions: proxy: engine core died" in result.err
+    assert "error: request 4 (conversation): HTTP 500 from /v1/completions: proxy: engine core died" in result.err
     assert "Traceback" not in result.err + result.out
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["type"] for e in events][0] == "header" and events[-1]["type"] == "run_end"

@@ -24,6 +24,7 @@ from .evidence import CodeBook, Registry, new_nonce
 from .metrics import MetricSnapshot, block_size, compact, parse_metrics
 from .phases import PHASES
 from .requests import PhaseState, Requester
+from .restarts import RestartWatch
 from .scenario import Scenario
 from .tokens import TokenCounter
 from .verdicts import exit_code, run_verdict
@@ -72,6 +73,7 @@ class SoakEngine:
         self.client = OpenAIClient(target.url, dialect=target.dialect or "vllm",
                                    timeout=scenario.request_timeout)
         self.metrics_available = False
+        self.restarts = RestartWatch()   # counters going backwards, or refused then accepted again
         self.phase_states: list[PhaseState] = []
         self.isolate_findings = isolate
         self.findings: list[Finding] = []
@@ -112,11 +114,12 @@ class SoakEngine:
         try:
             if self.target.exited is not None:
                 watchers.append(asyncio.create_task(self.target.exited.wait(), name="server-exit"))
+            watchers.append(asyncio.create_task(self.restarts.seen.wait(), name="server-restart"))
             done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
             if work not in done:
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
-                raise ServerProblem("the server process exited during the soak")
+                raise ServerProblem(self.restarts.message or "the server process exited during the soak")
             for other in watchers[1:]:
                 other.cancel()
             return work.result()
@@ -127,7 +130,8 @@ class SoakEngine:
             if exited is not None:     # a request failing because the server died: say that it died
                 message, evidence = exited
                 return self._abort("error", EXIT_SERVER, message, finding=True, evidence=evidence)
-            return self._abort("error", EXIT_SERVER, str(exc), finding=True)
+            restarted = await self.restarts.confirm(self.client) if self.requester is not None else None
+            return self._abort("error", EXIT_SERVER, restarted or str(exc), finding=True)
         except HitproofError as exc:
             return self._abort("error", exc.exit_code, str(exc), finding=False)
         except asyncio.CancelledError:
@@ -270,6 +274,7 @@ class SoakEngine:
         if response.status_code != 200:
             return None
         snapshot = parse_metrics(response.text)
+        self.restarts.observe(snapshot)
         if record and snapshot.error is None and snapshot.values:
             self.emit(MetricsSample(values=compact(snapshot)))
         return snapshot

@@ -21,6 +21,7 @@ import orjson
 
 from . import checks
 from .client import Completion, RequestSpec
+from .errors import ServerProblem
 from .events import (AnswerDelta, Finding, FingerprintCompared, MemoPlanted, RequestFinished, RequestStarted, RoundStarted,
                      ServerInfo)
 from .evidence import (DETERMINISM_QUESTION, RECALL_QUESTION, SUMMARY_QUESTION, CodeOwner, determinism_suffix,
@@ -306,12 +307,17 @@ class Requester:
                             max_tokens=spec.max_tokens))
         on_text = DeltaCoalescer(emit, index)
         sent_at = time.monotonic()
-        completion = await self.engine.client.stream(spec, on_text)
+        try:
+            completion = await self.engine.client.stream(spec, on_text)
+        except ServerProblem as exc:                 # one line naming the request: "request 12 (rotation): ..."
+            raise type(exc)(f"request {index} ({state.name}): {exc}") from None
         if self.engine.checkpoints:
             await self._await_checkpoint_line(sent_at, completion.cached_tokens)
         on_text.flush()
         found = evaluate(completion.text, task, memo.code if memo else None, self.engine.registry.codes(),
                          tuple(judges))
+        if completion.notes:
+            found["stream"] = completion.notes       # tolerated oddities (no [DONE] after the finish_reason)
         if memo is not None and completion.cached_tokens and self.server.grid_source == "server":
             found["block_aligned"] = completion.cached_tokens % self.server.grid == 0
         checkpoint_lines = self.engine.checkpoints_since(sent_at)

@@ -274,7 +274,8 @@ class SoakEngine:
         if response.status_code != 200:
             return None
         snapshot = parse_metrics(response.text)
-        self.restarts.observe(snapshot)
+        if self.restarts.observe(snapshot):          # counters went back: another server now
+            raise ServerProblem(self.restarts.message)
         if record and snapshot.error is None and snapshot.values:
             self.emit(MetricsSample(values=compact(snapshot)))
         return snapshot

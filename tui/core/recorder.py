@@ -116,6 +116,8 @@ def check_header(event: Event, path: str | Path) -> RunHeader:
     """The first event of a log must be a header this hitproof can read."""
     if not isinstance(event, RunHeader):
         raise BadInput(f"{path}: not a hitproof log (first line is not a header)")
+    if type(event.schema) is not int:
+        raise BadInput(f"{path}: not a hitproof log (the header's schema is {event.schema!r:.40}, not a number)")
     if event.schema > SCHEMA_VERSION:
         raise BadInput(f"{path}: log schema {event.schema} is newer than this hitproof understands "
                        f"({SCHEMA_VERSION}); upgrade hitproof")

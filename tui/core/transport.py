@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import socket
 import struct
 import sys
@@ -215,6 +216,11 @@ async def _connect(loop: asyncio.AbstractEventLoop, host: str, port: int) -> soc
     raise error or OSError(f"no address for {host}")
 
 
+def _h11_text(exc: Exception) -> str:
+    """h11's message, its bytearray(b'...') reprs shown as b'...'."""
+    return re.sub(r"bytearray\((b'.*?'|b\".*?\")\)", r"\1", str(exc))[:200]
+
+
 def _expire(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError())
@@ -307,7 +313,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             try:
                 event = http.next_event()
             except h11.RemoteProtocolError as exc:
-                raise httpx.RemoteProtocolError(f"bad response head: {exc}", request=request) from None
+                raise httpx.RemoteProtocolError(f"bad response head: {_h11_text(exc)}", request=request) from None
             if event is h11.NEED_DATA:
                 try:
                     piece = await conn.next_piece(timeout)
@@ -373,7 +379,8 @@ class _Body(httpx.AsyncByteStream):
                         break
                     parts.append(event.data)
             except h11.RemoteProtocolError as exc:
-                raise httpx.RemoteProtocolError(self._broken(str(exc)), request=self.request) from None
+                raise httpx.RemoteProtocolError(self._broken(f"bad HTTP framing: {_h11_text(exc)}"),
+                                                request=self.request) from None
             if parts:
                 self.clock.arrived = stamp
                 yield parts[0] if len(parts) == 1 else b"".join(parts)

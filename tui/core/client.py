@@ -289,7 +289,7 @@ class OpenAIClient:
                         if event.event != "message":
                             _other_event(event)
                             continue
-                        if event.data == "[DONE]":
+                        if event.data.startswith("[DONE]"):     # as openai-python reads it
                             done = True
                             continue
                         text = absorb(event.data, result, chat)
@@ -314,7 +314,7 @@ class OpenAIClient:
         for event in decoder.close():
             if event.event != "message":
                 _other_event(event)
-            elif event.data == "[DONE]":
+            elif event.data.startswith("[DONE]"):
                 done = True
             else:
                 text = absorb(event.data, result, chat)

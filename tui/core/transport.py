@@ -1,12 +1,17 @@
 """The transport for answer streams: time to first token as the network saw it.
 
-httpx parses a response through h11 one HTTP chunk at a time, and servers send one chunk per
-token: at tens of thousands of tokens a second that parsing, not the server, sets the pace. This
-transport serves only the answer streams (requests marked with STREAM_EXTENSIONS) to a plain-http
-origin with no proxy in the way: one non-blocking socket per connection, kept alive in a small
-pool. The HTTP framing is h11's (the parser under httpx itself), fed one network read at a time:
-everything h11 gives back from one read is handed over as one block, stamped with that read's
-arrival. Every other request goes to httpx's own transport.
+This transport serves only the answer streams (requests marked with STREAM_EXTENSIONS) to a
+plain-http origin with no proxy in the way: one non-blocking socket per connection, kept alive in
+a small pool, read straight from the event loop's selector (httpx's own stack hands each HTTP
+chunk through several layers of async iterators). The HTTP framing is h11's (the parser under
+httpx itself, so a chunk size the grammar forbids is refused, not guessed at), fed one network
+read at a time: everything h11 gives back from one read is handed over as one block, stamped with
+that read's arrival. Every other request goes to httpx's own transport.
+
+h11 costs about 6 us per HTTP chunk here (one Data event each; servers send one chunk per token),
+more than the rest of the answer path together (SSE, JSON, checks: about 5 us): a flood of
+chunks is parsed at roughly half the rate the former hand-written de-chunker reached. A stream
+at a server's real pace (tens to hundreds of tokens a second per stream) is far below either.
 
 Each read carries the time it arrived. On Linux that is the kernel's receive timestamp
 (SO_TIMESTAMPNS), so a busy event loop (hundreds of streams being parsed and judged) does not

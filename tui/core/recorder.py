@@ -31,8 +31,8 @@ def decode_line(line: bytes | str) -> Event:
         data = orjson.loads(line)
     except orjson.JSONDecodeError:
         return decode(line)
-    if type(data) is dict:
-        entry = _EXACT_FIELDS.get(data.pop("type", None))
+    if type(data) is dict and type(data.get("type")) is str:
+        entry = _EXACT_FIELDS.get(data.pop("type"))
         if entry is not None and data.keys() == entry[1]:
             event = _new(entry[0])
             event.__dict__ = data

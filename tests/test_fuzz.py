@@ -1,5 +1,5 @@
 """Fuzzing with hypothesis (bounded example counts, fast tier): the SSE reader, the HTTP framing of
-the answer-stream transport (h11 behind a real loopback socket), the log reader, the scenario and
+the answer-stream transport (llhttp behind a real loopback socket), the log reader, the scenario and
 profile loaders. Whatever the input: no crash; every rejection is the documented error type
 (StreamError / BadInput) with a one-line message."""
 
@@ -61,7 +61,7 @@ def test_the_sse_reader_takes_any_bytes_cut_anywhere(data, points):
         assert isinstance(event.data, str) and isinstance(event.event, str) and event.event
 
 
-# --- HTTP framing (h11 through the real transport, on a loopback socket) --------------------------------------
+# --- HTTP framing (llhttp through the real transport, on a loopback socket) --------------------------------------
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 EVENT = b'data: {"choices": [{"index": 0, "text": "ab", "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'

@@ -188,10 +188,10 @@ async def test_first_token_is_stamped_on_arrival_even_when_the_loop_is_busy():
 
 @pytest.mark.parametrize("size", [b"0x5", b"+5", b"1_0", b"-5", b" 5", b"5\n", b"", b"g"])
 async def test_chunk_sizes_the_grammar_forbids_are_a_one_line_stream_error(size):
-    """RFC 9112 7.1: chunk-size = 1*HEXDIG. int(x, 16) takes "0x5", "+5", "1_0" and " 5"; h11 does not."""
+    """RFC 9112 7.1: chunk-size = 1*HEXDIG. int(x, 16) takes "0x5", "+5", "1_0" and " 5"; llhttp does not."""
     payload = b'data: {"choices": [{"text": "hello"}]}\n\n'
     bad = CHUNKED_HEAD + b"%s\r\n%s\r\n0\r\n\r\n" % (size, payload)
-    with pytest.raises(StreamError, match="illegal chunk header") as caught:
+    with pytest.raises(StreamError, match="bad HTTP framing: (Invalid character in chunk size|Missing expected CR)") as caught:
         await stream_once([[(0, bad), (0.05, None)]])
     assert "\n" not in str(caught.value) and len(str(caught.value)) < 300
 
@@ -246,7 +246,7 @@ async def test_a_connection_reset_mid_body_says_reset():
 
 async def test_each_block_carries_the_arrival_of_its_own_read():
     """Two reads apart in time: the text of the second is stamped with the second read, not the first
-    (h11 hands over what one read completed, and the block keeps that read's stamp)."""
+    (what one read completed is handed over as one block, with that read's stamp)."""
     events = sse_events(["first", "second"])
     first, rest = chunked(events[:1])[:-5], chunked(events[1:])
     stamps = []

@@ -2,17 +2,18 @@
 
 This transport serves only the answer streams (requests marked with STREAM_EXTENSIONS) to a
 plain-http origin with no proxy in the way: one non-blocking socket per connection, kept alive in
-a small pool, read straight from the event loop's selector (httpx's own stack hands each HTTP
-chunk through several layers of async iterators). The HTTP framing is h11's (the parser under
-httpx itself, so a chunk size the grammar forbids is refused, not guessed at), fed one network
-read at a time: everything h11 gives back from one read is handed over as one block, stamped with
-that read's arrival. Every other request goes to httpx's own transport.
+a small pool, read straight from the event loop's selector. The HTTP framing is llhttp's (Node's
+HTTP parser, in C, through httptools, the binding uvicorn uses), fed one network read at a time:
+a chunk size the grammar forbids is refused, not guessed at, and everything one read completes is
+handed over as one block, stamped with that read's arrival. Every other request goes to httpx's
+own transport.
 
-h11 costs about 6 us per HTTP chunk here (one Data event each; servers send one chunk per token),
-more than the rest of the answer path together (SSE, JSON, checks): benchmarks/run.py floods at
-about 0.38 times the rate of the former hand-written de-chunker (138,517 vs 367,613 chunks/s at
-64 streams, same machine, same hour). A server's real pace (tens to hundreds of tokens a second
-per stream) is far below either; on a loaded machine the event loop falls behind sooner.
+Why not h11 (the parser under httpx): it costs about 6 us per HTTP chunk here (one Data event
+each, and servers send one chunk per token), more than the rest of the answer path together;
+llhttp costs about 0.07 us. benchmarks/run.py, same machine, same hour, 64 streams flooding:
+h11 138,517 chunks/s, llhttp 328,872, the former hand-written de-chunker 367,613; and on a
+loaded machine h11's event loop fell behind at 256 streams of 50 chunks/s, adding hundreds of
+milliseconds to the time to first token.
 
 Each read carries the time it arrived. On Linux that is the kernel's receive timestamp
 (SO_TIMESTAMPNS), so a busy event loop (hundreds of streams being parsed and judged) does not
@@ -32,7 +33,7 @@ import time
 import urllib.request
 from typing import AsyncIterator
 
-import h11
+import httptools
 import httpx
 
 SSE = "hitproof.sse"
@@ -91,7 +92,7 @@ class _Connection:
                 self.kernel_stamps = True
             except OSError:
                 pass
-        self.http = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD)
+        self.reusable = True                       # no response on it has left it in doubt
         self.error: OSError | None = None          # why the socket was lost, when it was an error
         self.received = 0                          # bytes read on this connection since the last request
         self.pieces: collections.deque[tuple[bytes, int]] = collections.deque()
@@ -184,7 +185,7 @@ class _Connection:
 
     def usable(self, now: float) -> bool:
         return (not self.closed and not self.pieces and now - self.idle_since <= _KEEPALIVE_EXPIRY
-                and self.http.our_state is h11.IDLE and self.http.their_state is h11.IDLE)
+                and self.reusable)
 
     def lost_reason(self) -> str:
         """How the server ended the connection, for an error message."""
@@ -222,9 +223,85 @@ async def _connect(loop: asyncio.AbstractEventLoop, host: str, port: int) -> soc
     raise error or OSError(f"no address for {host}")
 
 
-def _h11_text(exc: Exception) -> str:
-    """h11's message, its bytearray(b'...') reprs shown as b'...'."""
-    return re.sub(r"bytearray\((b'.*?'|b\".*?\")\)", r"\1", str(exc))[:200]
+class _AfterTheEnd(Exception):
+    """Bytes after the end of the response: the connection is not reused."""
+
+
+class _Response:
+    """What llhttp (httptools) reports of one response, callback by callback. Interim 1xx responses
+    are skipped; bytes that start another message after this one are _AfterTheEnd."""
+
+    __slots__ = ("parser", "headers", "reason", "status", "head", "body", "complete", "length", "chunked",
+                 "keep_alive", "error")
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.reason = b""
+        self.status = 0
+        self.head = False                 # the final head is complete
+        self.body: list[bytes] = []       # body bytes parsed and not handed over yet
+        self.complete = False
+        self.length = False               # the head gave a content-length
+        self.chunked = False
+        self.keep_alive = False
+        self.error: str | None = None     # a framing error in body bytes that came with the head
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise _AfterTheEnd()
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if 100 <= self.status < 200:
+            return
+        self.head = True
+        self.keep_alive = self.parser.should_keep_alive()    # (after the message llhttp has moved on)
+        for name, value in self.headers:
+            lower = name.lower()
+            if lower == b"content-length":
+                self.length = True
+            elif lower == b"transfer-encoding" and b"chunked" in value.lower():
+                self.chunked = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.head:
+            self.complete = True
+        else:                             # an interim response ended: the real one follows
+            self.headers, self.reason = [], b""
+
+    def feed(self, data: bytes) -> None:
+        """Parse one network read; llhttp's error becomes _FramingError (its message is one line)."""
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if not isinstance(exc.__context__, _AfterTheEnd) and not self.complete:
+                raise _FramingError(str(exc)) from None
+            raise _AfterTheEnd() from None
+        except httptools.HttpParserError as exc:
+            if self.complete:
+                raise _AfterTheEnd() from None
+            raise _FramingError(_llhttp_text(exc)) from None
+
+    def close_delimited(self) -> bool:
+        return not self.length and not self.chunked and self.status not in (204, 304)
+
+
+class _FramingError(Exception):
+    pass
+
+
+def _llhttp_text(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
 def _expire(waiter: asyncio.Future) -> None:
@@ -263,16 +340,12 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             slots.release()
             raise
         try:
-            http = conn.http
             conn.received = 0
-            try:
-                data = http.send(h11.Request(method=request.method, target=request.url.raw_path,
-                                             headers=request.headers.raw))
-                if request.content:
-                    data += http.send(h11.Data(data=request.content))
-                data += http.send(h11.EndOfMessage())
-            except h11.LocalProtocolError as exc:
-                raise httpx.LocalProtocolError(str(exc), request=request) from None
+            head = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
+            head += [b"%s: %s\r\n" % (name, value) for name, value in request.headers.raw]
+            head.append(b"\r\n")
+            head.append(request.content)
+            data = b"".join(head)
             clock = _Clock()
             try:
                 clock.sent = time.perf_counter_ns()
@@ -287,9 +360,9 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         except BaseException:
             self._release(conn, key, False)
             raise
-        version = b"HTTP/" + response.http_version
-        body = _Body(self, conn, key, request, stamp, clock, timeouts.get("read"))
-        return httpx.Response(response.status_code, headers=response.headers.raw_items(), stream=body,
+        version = b"HTTP/" + response.parser.get_http_version().encode("ascii")
+        body = _Body(self, conn, key, request, response, stamp, clock, timeouts.get("read"))
+        return httpx.Response(response.status, headers=response.headers, stream=body,
                               extensions={"http_version": version, "reason_phrase": response.reason,
                                           CLOCK: clock})
 
@@ -312,33 +385,32 @@ class StreamingTransport(httpx.AsyncBaseTransport):
     @staticmethod
     async def _read_head(conn: _Connection, request: httpx.Request, timeout: float | None):
         """The final response head (interim 1xx ones are skipped) and the arrival of the read that
-        completed it; the body bytes that came with it stay in h11's buffer."""
-        http = conn.http
+        completed it; body bytes that came with it wait in response.body."""
+        response = _Response()
         stamp = 0
-        while True:
+        while not response.head:
             try:
-                event = http.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise httpx.RemoteProtocolError(f"bad response head: {_h11_text(exc)}", request=request) from None
-            if event is h11.NEED_DATA:
-                try:
-                    piece = await conn.next_piece(timeout)
-                except TimeoutError:
-                    raise httpx.ReadTimeout(f"no response within {timeout:g} s (the server took the request "
-                                            f"but never answered)", request=request) from None
-                if piece is None:
-                    # before any response: the request never ran (a kept-alive connection the
-                    # server had closed, or a reset): the client may send it once more
-                    raise httpx.RemoteProtocolError(f"{conn.lost_reason()} without sending a response",
-                                                    request=request)
-                http.receive_data(piece[0])
-                stamp = piece[1]
-            elif type(event) is h11.Response:
-                return event, stamp
-            elif event is h11.PAUSED or type(event) is h11.ConnectionClosed:
-                raise httpx.RemoteProtocolError("the server closed the connection without sending a response",
+                piece = await conn.next_piece(timeout)
+            except TimeoutError:
+                raise httpx.ReadTimeout(f"no response within {timeout:g} s (the server took the request "
+                                        f"but never answered)", request=request) from None
+            if piece is None:
+                # before any response: the request never ran (a kept-alive connection the
+                # server had closed, or a reset): the client may send it once more
+                raise httpx.RemoteProtocolError(f"{conn.lost_reason()} without sending a response",
                                                 request=request)
-            # h11.InformationalResponse (100 Continue, 103 Early Hints): the real one follows
+            stamp = piece[1]
+            try:
+                response.feed(piece[0])
+            except _FramingError as exc:
+                if not response.head:
+                    raise httpx.RemoteProtocolError(f"bad response head: {exc}", request=request) from None
+                response.error = str(exc)         # the body's: raised where the body is read
+            except _AfterTheEnd:
+                conn.reusable = False
+            if len(response.headers) > 1000 or (not response.head and conn.received > _MAX_HEAD):
+                raise httpx.RemoteProtocolError("response head too large", request=request)
+        return response, stamp
 
     def _release(self, conn: _Connection, key: tuple[str, int], reusable: bool) -> None:
         if reusable and not conn.closed and self._loop is conn.loop:
@@ -358,13 +430,14 @@ class StreamingTransport(httpx.AsyncBaseTransport):
 
 
 class _Body(httpx.AsyncByteStream):
-    """The response body as h11 de-frames it (chunked, content-length or closed by the server), one
-    block per network read; clock.arrived is the arrival of the read a block came from. A framing
-    error (a chunk size the grammar forbids, a body cut short) is httpx.RemoteProtocolError."""
+    """The response body as llhttp de-frames it (chunked, content-length or closed by the server),
+    one block per network read; clock.arrived is the arrival of the read a block came from. A
+    framing error (a chunk size the grammar forbids, a body cut short) is httpx.RemoteProtocolError."""
 
-    def __init__(self, pool: StreamingTransport, conn: _Connection, key, request: httpx.Request, stamp: int,
-                 clock: _Clock, timeout: float | None):
+    def __init__(self, pool: StreamingTransport, conn: _Connection, key, request: httpx.Request,
+                 response: _Response, stamp: int, clock: _Clock, timeout: float | None):
         self.pool, self.conn, self.key, self.request = pool, conn, key, request
+        self.response = response
         self.clock, self.timeout = clock, timeout
         self.stamp = stamp                # arrival of the read that completed the head
         self.released = False
@@ -372,42 +445,42 @@ class _Body(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         conn = self.conn
-        http = conn.http
-        next_event = http.next_event
-        Data = h11.Data
+        response = self.response
+        parts = response.body
         stamp = self.stamp
         while True:
-            parts = []
-            try:
-                while True:
-                    event = next_event()
-                    if type(event) is not Data:
-                        break
-                    parts.append(event.data)
-            except h11.RemoteProtocolError as exc:
-                raise httpx.RemoteProtocolError(self._broken(f"bad HTTP framing: {_h11_text(exc)}"),
-                                                request=self.request) from None
             if parts:
                 self.clock.arrived = stamp
-                yield parts[0] if len(parts) == 1 else b"".join(parts)
-            if event is h11.NEED_DATA:
-                try:
-                    piece = await conn.next_piece(self.timeout)
-                except TimeoutError:
-                    raise httpx.ReadTimeout(f"no data for {self.timeout:g} s in the middle of the answer",
-                                            request=self.request) from None
-                if piece is None:
-                    if conn.error is not None:      # a reset is a reset, even where a close would end the body
-                        raise httpx.RemoteProtocolError(self._broken(conn.lost_reason()), request=self.request)
-                    http.receive_data(b"")          # h11 says whether the body was complete
-                else:
-                    http.receive_data(piece[0])
-                    stamp = piece[1]
-            elif type(event) is h11.EndOfMessage:
+                block = parts[0] if len(parts) == 1 else b"".join(parts)
+                parts.clear()
+                yield block
+            if response.error is not None:
+                raise httpx.RemoteProtocolError(self._broken(f"bad HTTP framing: {response.error}"),
+                                                request=self.request)
+            if response.complete:
                 self.done = True
                 return
-            else:                                   # PAUSED / ConnectionClosed before the end of the body
-                raise httpx.RemoteProtocolError(self._broken(conn.lost_reason()), request=self.request)
+            try:
+                piece = await conn.next_piece(self.timeout)
+            except TimeoutError:
+                raise httpx.ReadTimeout(f"no data for {self.timeout:g} s in the middle of the answer",
+                                        request=self.request) from None
+            if piece is None:
+                if conn.error is None and response.close_delimited():
+                    conn.reusable = False           # the close was the end of the body
+                    self.done = True
+                    return
+                why = conn.lost_reason() if conn.error is not None else \
+                    "peer closed connection without sending complete message body"
+                raise httpx.RemoteProtocolError(self._broken(why), request=self.request)
+            stamp = piece[1]
+            try:
+                response.feed(piece[0])
+            except _FramingError as exc:
+                raise httpx.RemoteProtocolError(self._broken(f"bad HTTP framing: {exc}"),
+                                                request=self.request) from None
+            except _AfterTheEnd:
+                conn.reusable = False
 
     def _broken(self, why: str) -> str:
         return f"{why} ({self.conn.received} bytes received)"
@@ -416,12 +489,5 @@ class _Body(httpx.AsyncByteStream):
         if self.released:
             return
         self.released = True
-        http = self.conn.http
-        reusable = (self.done and http.our_state is h11.DONE and http.their_state is h11.DONE
-                    and not http.trailing_data[0])      # bytes after the body: the connection is not reused
-        if reusable:
-            try:
-                http.start_next_cycle()
-            except h11.LocalProtocolError:
-                reusable = False
+        reusable = self.done and self.conn.reusable and self.response.keep_alive
         self.pool._release(self.conn, self.key, reusable)

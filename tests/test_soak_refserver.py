@@ -90,7 +90,8 @@ async def test_detectors_fire_through_a_corrupting_proxy(refserver, tmp_path, mo
 
 
 async def test_http_500_mid_run_exits_3_and_keeps_the_log(refserver, tmp_path):
-    # the first completion is the cache-report probe, then three soak requests, then the 500
+    # the first completion is the cache-report probe, then the three cold_hit requests, then the 500 on the
+    # fourth (the cold control of the longer prompt, for its fingerprint)
     proxy = await CorruptingProxy(refserver.url, "http500", after=4).start()
     log = tmp_path / "run.jsonl"
     try:
@@ -99,7 +100,7 @@ async def test_http_500_mid_run_exits_3_and_keeps_the_log(refserver, tmp_path):
     finally:
         await proxy.close()
     assert result.code == 3
-    assert "error: HTTP 500 from /v1/completions: proxy: engine core died" in result.err
+    assert "error: request 4 (cold_hit): HTTP 500 from /v1/completions: proxy: engine core died" in result.err
     assert "Traceback" not in result.err + result.out
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["type"] for e in events][0] == "header" and events[-1]["type"] == "run_end"

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tui.core.server.client import OpenAIClient, RequestSpec, StreamError
+from tui.core.config.errors import ServerProblem
 
 
 def sse_events(texts: list[str], finish: str = "stop") -> list[bytes]:
@@ -139,8 +140,8 @@ async def test_bad_chunk_framing_is_a_stream_error():
 
 async def test_an_http_error_status_keeps_the_server_message():
     error = b'{"error": {"message": "model not loaded"}}'
-    reply = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: %d\r\n\r\n" % len(error) + error
-    with pytest.raises(Exception, match="HTTP 503.*model not loaded"):
+    reply = b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: %d\r\n\r\n" % len(error) + error
+    with pytest.raises(ServerProblem, match="HTTP 500.*model not loaded"):
         await stream_once([[(0, reply)]])
 
 
@@ -183,3 +184,81 @@ async def test_first_token_is_stamped_on_arrival_even_when_the_loop_is_busy():
     else:
         assert result.first_byte_s >= 0.3, result.first_byte_s
     assert result.ttft_s == result.first_byte_s
+
+
+@pytest.mark.parametrize("size", [b"0x5", b"+5", b"1_0", b"-5", b" 5", b"5\n", b"", b"g"])
+async def test_chunk_sizes_the_grammar_forbids_are_a_one_line_stream_error(size):
+    """RFC 9112 7.1: chunk-size = 1*HEXDIG. int(x, 16) takes "0x5", "+5", "1_0" and " 5"; llhttp does not."""
+    payload = b'data: {"choices": [{"text": "hello"}]}\n\n'
+    bad = CHUNKED_HEAD + b"%s\r\n%s\r\n0\r\n\r\n" % (size, payload)
+    with pytest.raises(StreamError, match="bad HTTP framing: (Invalid character in chunk size|Missing expected CR)") as caught:
+        await stream_once([[(0, bad), (0.05, None)]])
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 300
+
+
+async def test_a_chunk_extension_and_trailers_are_accepted():
+    body = chunked(sse_events(["a", "b"]), extension=True)[:-2] + b"x-trailer: 1\r\n\r\n"
+    result, _ = await stream_once([[(0, CHUNKED_HEAD + body)]])
+    assert result.text == "ab"
+
+
+async def test_bytes_after_the_body_end_reuse_of_the_connection():
+    body = CHUNKED_HEAD + chunked(sse_events(["x"]))
+    async with RawServer([[(0, body + b"garbage")], [(0, body)]]) as server:
+        client = OpenAIClient(server.url)
+        try:
+            first = await client.stream(SPEC)
+            second = await client.stream(SPEC)
+        finally:
+            await client.aclose()
+    assert (first.text, second.text) == ("x", "x")
+    assert server.connections == 2                    # the first connection was not reused
+
+
+async def test_a_connection_reset_mid_body_says_reset():
+    """The server resets (RST, SO_LINGER 0) after part of the answer: a stream error naming the reset,
+    not a clean end, even on a body that only the close would delimit."""
+    payload = b"".join(sse_events(["partial", "rest"]))
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = listener.accept()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n" + payload[:60])
+        time.sleep(0.05)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = OpenAIClient(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    try:
+        with pytest.raises(StreamError, match="reset the connection") as caught:
+            await client.stream(SPEC)
+    finally:
+        await client.aclose()
+        listener.close()
+        thread.join(5)
+    assert "\n" not in str(caught.value)
+
+
+async def test_each_block_carries_the_arrival_of_its_own_read():
+    """Two reads apart in time: the text of the second is stamped with the second read, not the first
+    (what one read completed is handed over as one block, with that read's stamp)."""
+    events = sse_events(["first", "second"])
+    first, rest = chunked(events[:1])[:-5], chunked(events[1:])
+    stamps = []
+    async with RawServer([[(0, CHUNKED_HEAD + first), (0.15, rest)]]) as server:
+        client = OpenAIClient(server.url)
+        try:
+            async with client._http.stream("POST", "/v1/completions", content=b"{}",
+                                           extensions={"hitproof.sse": True}) as response:
+                clock = response.extensions["hitproof.clock"]
+                async for block in response.aiter_raw():
+                    stamps.append((block, clock.arrived))
+        finally:
+            await client.aclose()
+    assert [block for block, _ in stamps] == [events[0], b"".join(events[1:])]
+    assert 0 < stamps[0][1] < stamps[1][1]                   # the second read's own arrival

@@ -275,7 +275,7 @@ def decode(line: str | bytes) -> Event:
         data = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         raise DecodeError(f"not JSON: {exc}") from None
-    if not isinstance(data, dict) or "type" not in data:
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         raise DecodeError("not an event object")
     cls = EVENT_TYPES.get(data.pop("type"))
     if cls is None:

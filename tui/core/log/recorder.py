@@ -31,8 +31,8 @@ def decode_line(line: bytes | str) -> Event:
         data = orjson.loads(line)
     except orjson.JSONDecodeError:
         return decode(line)
-    if type(data) is dict:
-        entry = _EXACT_FIELDS.get(data.pop("type", None))
+    if type(data) is dict and type(data.get("type")) is str:
+        entry = _EXACT_FIELDS.get(data.pop("type"))
         if entry is not None and data.keys() == entry[1]:
             event = _new(entry[0])
             event.__dict__ = data
@@ -116,6 +116,8 @@ def check_header(event: Event, path: str | Path) -> RunHeader:
     """The first event of a log must be a header this hitproof can read."""
     if not isinstance(event, RunHeader):
         raise BadInput(f"{path}: not a hitproof log (first line is not a header)")
+    if type(event.schema) is not int:
+        raise BadInput(f"{path}: not a hitproof log (the header's schema is {event.schema!r:.40}, not a number)")
     if event.schema > SCHEMA_VERSION:
         raise BadInput(f"{path}: log schema {event.schema} is newer than this hitproof understands "
                        f"({SCHEMA_VERSION}); upgrade hitproof")

@@ -6,6 +6,9 @@ parsing: the client must never add its own latency to what it measures.
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
+import email.utils
 import json
 import os
 import time
@@ -16,10 +19,36 @@ import httpx
 import orjson
 
 from ..config.errors import ServerProblem
+from .sse import Event, SSEDecoder
 from .transport import CLOCK, JSON_HEADERS, STREAM_EXTENSIONS, StreamingTransport, direct_http_origin
 
 DIALECTS = ("vllm", "llamacpp", "sglang", "openai")
 API_KEY_ENV = "HITPROOF_API_KEY"
+RETRY_STATUSES = (429, 503)       # "too many requests", "unavailable": the server may take it later
+MAX_RETRIES = 4
+RETRY_CAP = 30.0                  # seconds: the longest wait for one retry, whatever Retry-After says
+
+
+def retry_delay(header: str | None, attempt: int, cap: float) -> float:
+    """Seconds to wait before retry number attempt+1: Retry-After as delay-seconds or an HTTP date
+    (RFC 9110 10.2.3), else 1, 2, 4 ... s; never below 0 nor above cap."""
+    delay = None
+    if header:
+        value = header.strip()
+        if value.isdigit():
+            delay = float(int(value))
+        else:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError, IndexError, OverflowError):
+                when = None
+            if when is not None:
+                if when.tzinfo is None:
+                    when = when.replace(tzinfo=dt.timezone.utc)
+                delay = (when - dt.datetime.now(dt.timezone.utc)).total_seconds()
+    if delay is None:
+        delay = float(2 ** min(attempt, 16))
+    return min(max(delay, 0.0), cap)
 
 
 @dataclass
@@ -56,10 +85,27 @@ class Completion:
     raw_usage: dict[str, Any] = field(default_factory=dict)
     # per output token: [token, logprob, [[alternative, logprob], ...]] when logprobs were asked for
     logprobs: list[list] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # what was odd about the stream but tolerated
 
 
 class StreamError(ServerProblem):
     """A broken stream: malformed chunk, error event, or a connection cut mid-answer."""
+
+
+class _HTTPStatus(ServerProblem):
+    """An HTTP error status; 429 and 503 are retried (see OpenAIClient.stream)."""
+
+    def __init__(self, status: int, retry_after: str | None, message: str):
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+def _other_event(event: Event) -> None:
+    """An event whose type is not "message": an `error` event is the server's error; any other type
+    is not for an OpenAI client (the standard: only listeners of that type see it) and is skipped."""
+    if event.event == "error":
+        raise StreamError(f"server error in stream: {_error_text(event.data)}")
 
 
 class _Unanswered(Exception):
@@ -86,8 +132,12 @@ class OpenAIClient:
     """One connection pool for the whole run; limits raised so the pool never throttles slots."""
 
     def __init__(self, base_url: str, *, dialect: str = "vllm", timeout: float = 600.0,
-                 api_key_env: str = API_KEY_ENV, max_connections: int = 1024):
+                 api_key_env: str = API_KEY_ENV, max_connections: int = 1024, max_retries: int = MAX_RETRIES,
+                 retry_cap: float = RETRY_CAP):
         self.base_url = base_url.rstrip("/")
+        self.max_retries = max_retries
+        self.retry_cap = retry_cap
+        self.retries: list[tuple[int, float]] = []    # (status, seconds waited) of every retry, in order
         self.dialect = dialect
         key = api_key(api_key_env)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -184,12 +234,32 @@ class OpenAIClient:
         return body
 
     async def stream(self, spec: RequestSpec, on_text: Callable[[str], None] | None = None) -> Completion:
-        try:
-            return await self._stream(spec, on_text)
-        except _Unanswered:
-            # A kept-alive connection the server had already closed (llama-server closes idle
-            # ones after 5 s): nothing was sent back, so the request never ran. Send it once more.
-            return await self._stream(spec, on_text)
+        """One answer. A server that refuses it for now (HTTP 429 or 503) is asked again after the
+        delay its Retry-After gives (else 1, 2, 4 ... s), each delay capped at retry_cap, at most
+        max_retries times; then it is a ServerProblem."""
+        waited: list[float] = []
+        while True:
+            try:
+                try:
+                    return await self._stream(spec, on_text)
+                except _Unanswered:
+                    # A kept-alive connection the server had already closed (llama-server closes idle
+                    # ones after 5 s): nothing was sent back, so the request never ran. Send it once more.
+                    try:
+                        return await self._stream(spec, on_text)
+                    except _Unanswered as again:
+                        raise StreamError(f"{again} (twice: the request was sent again on a new connection)") \
+                            from None
+            except _HTTPStatus as exc:
+                if exc.status not in RETRY_STATUSES:
+                    raise ServerProblem(str(exc)) from None
+                if len(waited) >= self.max_retries:
+                    raise ServerProblem(f"{exc}; still refused after {len(waited)} retries over "
+                                        f"{sum(waited):.0f} s") from None
+                delay = retry_delay(exc.retry_after, len(waited), self.retry_cap)
+                waited.append(delay)
+                self.retries.append((exc.status, delay))
+                await asyncio.sleep(delay)
 
     async def _stream(self, spec: RequestSpec, on_text: Callable[[str], None] | None = None) -> Completion:
         path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
@@ -197,10 +267,12 @@ class OpenAIClient:
         chat = spec.api == "chat"
         content = _json_bytes(self.body(spec))
         started = time.perf_counter_ns()
-        buffer = b""
+        decoder = SSEDecoder()
+        feed = decoder.feed
         parts: list[str] = []
         answered = False
         absorb = self._absorb
+        done = False                                  # data: [DONE] came
         try:
             async with self._http.stream("POST", path, content=content, headers=JSON_HEADERS,
                                          extensions=STREAM_EXTENSIONS) as response:
@@ -212,23 +284,24 @@ class OpenAIClient:
                     started = clock.sent
                 if response.status_code >= 400:
                     detail = (await response.aread()).decode("utf-8", "replace")
-                    raise ServerProblem(f"HTTP {response.status_code} from {path}: {_error_text(detail)}")
+                    raise _HTTPStatus(response.status_code, response.headers.get("retry-after"),
+                                      f"HTTP {response.status_code} from {path}: {_error_text(detail)}")
                 async for raw in response.aiter_raw():
                     arrived = clock.arrived if clock is not None else time.perf_counter_ns()
                     if result.first_byte_s is None:
                         result.first_byte_s = (arrived - started) / 1e9
-                    if buffer:
-                        raw = buffer + raw
-                    lines = raw.split(b"\n")
-                    buffer = lines.pop()
+                    events = feed(raw)
+                    if not events:
+                        continue
                     texts = []
-                    for line in lines:
-                        if not line.startswith(b"data:"):
+                    for event in events:
+                        if event.event != "message":
+                            _other_event(event)
                             continue
-                        payload = line[5:].strip()
-                        if payload == b"[DONE]":
+                        if event.data.startswith("[DONE]"):     # as openai-python reads it
+                            done = True
                             continue
-                        text = absorb(payload, result, chat)
+                        text = absorb(event.data, result, chat)
                         if text:
                             texts.append(text)
                     if texts:
@@ -240,26 +313,47 @@ class OpenAIClient:
                             on_text(text)             # once per network read, not once per token
         except (httpx.RemoteProtocolError, httpx.WriteError) as exc:
             if result.first_byte_s is None and not answered:
-                raise _Unanswered() from None
+                raise _Unanswered(f"no answer from {path}: {_describe(exc)}") from None
             raise StreamError(f"stream from {path} broke: {_describe(exc)}") from None
+        except httpx.TimeoutException as exc:
+            raise StreamError(f"stream from {path} timed out: {_describe(exc)}") from None
         except httpx.HTTPError as exc:
             raise StreamError(f"stream from {path} broke: {_describe(exc)}") from None
+        # the body ended; a last event without its blank line is still taken (see SSEDecoder.close)
+        for event in decoder.close():
+            if event.event != "message":
+                _other_event(event)
+            elif event.data.startswith("[DONE]"):
+                done = True
+            else:
+                text = absorb(event.data, result, chat)
+                if text:
+                    parts.append(text)
+                    if on_text is not None:
+                        on_text(text)
         result.text = "".join(parts)
-        if buffer.strip().startswith(b"data:") and buffer.strip()[5:].strip() != b"[DONE]":
-            absorb(buffer.strip()[5:].strip(), result, chat)
         result.total_s = (time.perf_counter_ns() - started) / 1e9
         if result.finish_reason is None and result.chunks == 0:
             raise StreamError(f"stream from {path} ended without any chunk")
+        if not done:
+            # vLLM, llama.cpp and SGLang all end a stream with data: [DONE]. Without it, an answer
+            # that has its finish_reason is complete (its text and usage came): it is judged, with a
+            # note. One without a finish_reason was cut short: judging it would blame the cache
+            # for a missing ending, so it is a broken stream.
+            if result.finish_reason is None:
+                raise StreamError(f"stream from {path} ended without [DONE] and without a finish_reason, "
+                                  f"after {result.chunks} chunks (cut short?)")
+            result.notes.append("the stream ended without data: [DONE] (after its finish_reason)")
         return result
 
     @staticmethod
-    def _absorb(payload: bytes, result: Completion, chat: bool) -> str:
+    def _absorb(payload: str, result: Completion, chat: bool) -> str:
         try:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            raise StreamError(f"malformed stream chunk: {payload[:80].decode('utf-8', 'replace')!r}") from None
+            raise StreamError(f"malformed stream chunk: {payload[:80]!r}") from None
         if not isinstance(chunk, dict):
-            raise StreamError(f"malformed stream chunk: {payload[:80].decode('utf-8', 'replace')!r}")
+            raise StreamError(f"malformed stream chunk: {payload[:80]!r}")
         if "error" in chunk:
             raise StreamError(f"server error in stream: {_error_text(json.dumps(chunk['error']))}")
         result.chunks += 1

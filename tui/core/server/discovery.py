@@ -123,7 +123,10 @@ async def probe_cache_report(client: OpenAIClient, api: str, model: str, nonce: 
     spec = RequestSpec(api=api, max_tokens=1, temperature=0.0, model=model, salt=f"hp-{nonce}-probe",
                        prompt=prompt if api == "completions" else None,
                        messages=[{"role": "user", "content": prompt}] if api == "chat" else None)
-    completion = await client.stream(spec)
+    try:
+        completion = await client.stream(spec)
+    except ServerProblem as exc:
+        raise type(exc)(f"the cache-report probe before the first phase: {exc}") from None
     if completion.cached_tokens is not None:
         return "request", "", ""
     pair = counter_name(snapshot)

@@ -31,6 +31,7 @@ from .state import PhaseState
 from ..config.scenario import Scenario
 from ..evidence.tokens import TokenCounter
 from ..checks.verdicts import exit_code, run_verdict
+from ..server.restarts import RestartWatch
 
 DEFAULT_GRID = 16
 
@@ -76,6 +77,7 @@ class SoakEngine:
         self.client = OpenAIClient(target.url, dialect=target.dialect or "vllm",
                                    timeout=scenario.request_timeout)
         self.metrics_available = False
+        self.restarts = RestartWatch()   # counters going backwards, or refused then accepted again
         self.phase_states: list[PhaseState] = []
         self.isolate_findings = isolate
         self.findings: list[Finding] = []
@@ -152,11 +154,12 @@ class SoakEngine:
         try:
             if self.target.exited is not None:
                 watchers.append(asyncio.create_task(self.target.exited.wait(), name="server-exit"))
+            watchers.append(asyncio.create_task(self.restarts.seen.wait(), name="server-restart"))
             done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
             if work not in done:
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
-                raise ServerProblem("the server process exited during the soak")
+                raise ServerProblem(self.restarts.message or "the server process exited during the soak")
             for other in watchers[1:]:
                 other.cancel()
             return work.result()
@@ -167,7 +170,8 @@ class SoakEngine:
             if exited is not None:     # a request failing because the server died: say that it died
                 message, evidence = exited
                 return self._abort("error", EXIT_SERVER, message, finding=True, evidence=evidence)
-            return self._abort("error", EXIT_SERVER, str(exc), finding=True)
+            restarted = await self.restarts.confirm(self.client) if self.requester is not None else None
+            return self._abort("error", EXIT_SERVER, restarted or str(exc), finding=True)
         except HitproofError as exc:
             return self._abort("error", exc.exit_code, str(exc), finding=False)
         except asyncio.CancelledError:
@@ -340,6 +344,8 @@ class SoakEngine:
 
     async def scrape(self, record: bool = True) -> MetricSnapshot | None:
         snapshot = await scrape(self.client)
+        if snapshot is not None and self.restarts.observe(snapshot):   # counters went back: another server now
+            raise ServerProblem(self.restarts.message)
         if record and snapshot is not None and snapshot.error is None and snapshot.values:
             self.emit(MetricsSample(values=compact(snapshot)))
         return snapshot

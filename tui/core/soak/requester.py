@@ -9,6 +9,7 @@ import time
 from typing import Any, Iterable
 
 from ..checks.answers import ALL_JUDGES, evaluate
+from ..config.errors import ServerProblem
 from ..evidence.memos import Memo, build_memo, filler_text
 from ..evidence.text import (DETERMINISM_QUESTION, RECALL_QUESTION, SUMMARY_QUESTION, CodeOwner, determinism_suffix,
                              recall_suffix, summary_suffix)
@@ -181,6 +182,10 @@ class Requester:
         window = await self.windows.enter() if self.windows is not None else None
         try:
             completion = await self.ctx.client.stream(spec, on_text)
+        except ServerProblem as exc:                 # one line naming the request: "request 12 (rotation): ..."
+            if window is not None:
+                self.windows.abandon(window)
+            raise type(exc)(f"request {index} ({state.name}): {exc}") from None
         except BaseException:
             if window is not None:
                 self.windows.abandon(window)
@@ -199,6 +204,8 @@ class Requester:
         on_text.flush()
         found = evaluate(completion.text, task, memo.code if memo else None, self.registry.codes(),
                          tuple(judges))
+        if completion.notes:
+            found["stream"] = completion.notes       # tolerated oddities (no [DONE] after the finish_reason)
         if memo is not None and cached and proof.source == "request" and self.server.grid_source == "server":
             found["block_aligned"] = cached % self.server.grid == 0
         checkpoint_lines = self.ctx.checkpoints_since(sent_at)

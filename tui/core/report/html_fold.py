@@ -10,7 +10,7 @@ from collections import deque
 from pathlib import Path
 
 from ..log.events import Event, Finding, MetricsSample, PhaseFinished, PhaseStarted, RequestFinished, RequestStarted
-from ..server.metrics import KV_USAGE, LLAMA_CACHED, LLAMA_PROMPT_TOKENS, PREFIX_HITS, PREFIX_QUERIES
+from ..log.metric_names import KV_USAGE, LLAMA_CACHED, LLAMA_PROMPT_TOKENS, PREFIX_HITS, PREFIX_QUERIES
 from .report import FED_TYPES, RunReport
 
 

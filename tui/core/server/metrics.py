@@ -10,27 +10,10 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-# Names hitproof reads. Counters are summed across label sets (engines, models).
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
-PREEMPTIONS = "vllm:num_preemptions_total"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
-SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-CACHE_CONFIG = "vllm:cache_config_info"
-LLAMA_PROMPT_TOKENS = "llamacpp:prompt_tokens_total"
-LLAMA_PREDICTED = "llamacpp:tokens_predicted_total"
-LLAMA_CACHED = "llamacpp:prompt_tokens_cached_total"
-LLAMA_SPEC_DRAFTS = "llamacpp:spec_decode_num_drafts_total"
-LLAMA_SPEC_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
-LLAMA_PROCESSING = "llamacpp:requests_processing"
-LLAMA_DEFERRED = "llamacpp:requests_deferred"
-
-COUNTERS = (PREFIX_QUERIES, PREFIX_HITS, PREEMPTIONS, SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED,
-            LLAMA_PROMPT_TOKENS, LLAMA_PREDICTED, LLAMA_CACHED, LLAMA_SPEC_DRAFTS, LLAMA_SPEC_ACCEPTED)
+from ..log.metric_names import (CACHE_CONFIG, COUNTERS, KV_USAGE, LLAMA_CACHED, LLAMA_DEFERRED,  # noqa: F401
+                                LLAMA_PREDICTED, LLAMA_PROCESSING, LLAMA_PROMPT_TOKENS, LLAMA_SPEC_ACCEPTED,
+                                LLAMA_SPEC_DRAFTS, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, RUNNING,
+                                SPEC_ACCEPTED, SPEC_DRAFT_TOKENS, SPEC_DRAFTS, WAITING)
 
 
 @dataclass(frozen=True)

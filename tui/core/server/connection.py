@@ -1,0 +1,185 @@
+"""One keep-alive connection of the streaming transport: a non-blocking socket read from the event
+loop's selector, each network read queued with the time it arrived (the kernel's receive stamp,
+SO_TIMESTAMPNS, on Linux; else the read time, taken before any parsing)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+import struct
+import sys
+import time
+
+_KEEPALIVE_EXPIRY = 5.0           # seconds an idle connection is reused (httpx's default)
+_READ_HIGH_WATER = 4 << 20        # bytes buffered unread before the socket stops being read
+
+
+class _Clock:
+    """When the request went on the wire and when the block being handed over arrived."""
+
+    __slots__ = ("sent", "arrived")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.arrived = 0
+
+
+# Linux: SO_TIMESTAMPNS (the generic value; the cmsg it yields has the same number) makes every
+# recvmsg carry when the kernel received the latest data it returns, as a struct timespec.
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35) if sys.platform == "linux" else None
+_TIMESPEC = struct.Struct("@ll")
+_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) if _SO_TIMESTAMPNS is not None else 0
+_READ_SIZE = 256 * 1024
+_NO_SELECTOR = sys.platform == "win32"         # the Proactor loop has no add_reader: httpx's transport there
+
+
+class _Connection:
+    """One keep-alive connection: a non-blocking socket read from the event loop's selector; each
+    read queued with its arrival time (perf_counter_ns)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket):
+        self.loop = loop
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.kernel_stamps = False
+        if _SO_TIMESTAMPNS is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                self.kernel_stamps = True
+            except OSError:
+                pass
+        self.reusable = True                       # no response on it has left it in doubt
+        self.error: OSError | None = None          # why the socket was lost, when it was an error
+        self.received = 0                          # bytes read on this connection since the last request
+        self.pieces: collections.deque[tuple[bytes, int]] = collections.deque()
+        self.buffered = 0
+        self.closed = False
+        self.reading = False
+        self.waiter: asyncio.Future | None = None
+        self.idle_since = 0.0
+        self._resume_reading()
+
+    def _resume_reading(self) -> None:
+        if not self.reading and not self.closed:
+            self.loop.add_reader(self.fd, self._readable)
+            self.reading = True
+
+    def _pause_reading(self) -> None:
+        if self.reading:
+            self.loop.remove_reader(self.fd)
+            self.reading = False
+
+    def _readable(self) -> None:
+        try:
+            if self.kernel_stamps:
+                data, ancillary, _, _ = self.sock.recvmsg(_READ_SIZE, _ANCILLARY)
+            else:
+                data, ancillary = self.sock.recv(_READ_SIZE), ()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self.error = exc
+            self._lost()
+            return
+        if not data:                                   # the server closed its side
+            self._lost()
+            return
+        stamp = time.perf_counter_ns()
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
+                seconds, nanoseconds = _TIMESPEC.unpack_from(payload)
+                # the kernel's wall-clock stamp moved onto perf_counter's scale; never later than now
+                kernel = seconds * 1_000_000_000 + nanoseconds - (time.time_ns() - stamp)
+                if 0 < stamp - kernel < 60_000_000_000:
+                    stamp = kernel
+        self.pieces.append((data, stamp))
+        self.buffered += len(data)
+        self.received += len(data)
+        if self.buffered > _READ_HIGH_WATER:
+            self._pause_reading()
+        self._wake()
+
+    def _lost(self) -> None:
+        self.closed = True
+        self._pause_reading()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def send(self, data: bytes):
+        """Writes what the socket takes now (so the request leaves when its clock starts); an
+        awaitable for the rest, None when all of it went."""
+        try:
+            sent = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent == len(data):
+            return None
+        return self.loop.sock_sendall(self.sock, data[sent:])
+
+    async def next_piece(self, timeout: float | None) -> tuple[bytes, int] | None:
+        """The next network read and its arrival time; None once the server closed."""
+        while not self.pieces:
+            if self.closed:
+                return None
+            waiter = self.waiter = self.loop.create_future()
+            timer = self.loop.call_later(timeout, _expire, waiter) if timeout is not None else None
+            try:
+                await waiter
+            finally:
+                self.waiter = None
+                if timer is not None:
+                    timer.cancel()
+        piece = self.pieces.popleft()
+        self.buffered -= len(piece[0])
+        if not self.reading and self.buffered < _READ_HIGH_WATER // 4:
+            self._resume_reading()
+        return piece
+
+    def usable(self, now: float) -> bool:
+        return (not self.closed and not self.pieces and now - self.idle_since <= _KEEPALIVE_EXPIRY
+                and self.reusable)
+
+    def lost_reason(self) -> str:
+        """How the server ended the connection, for an error message."""
+        if isinstance(self.error, ConnectionResetError):
+            return "the server reset the connection"
+        if self.error is not None:
+            return f"the connection failed ({self.error.strerror or type(self.error).__name__})"
+        return "the server closed the connection"
+
+    def close(self) -> None:
+        if self.sock.fileno() < 0:
+            return
+        self._pause_reading()
+        self.closed = True
+        self.sock.close()
+
+
+async def _connect(loop: asyncio.AbstractEventLoop, host: str, port: int) -> socket.socket:
+    """A connected non-blocking TCP socket to host:port, trying each address in turn."""
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    error: OSError | None = None
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await loop.sock_connect(sock, address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+        except BaseException:
+            sock.close()
+            raise
+    raise error or OSError(f"no address for {host}")
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())

@@ -67,7 +67,7 @@ REQUEST_TIMEOUT = 600.0        # seconds one replayed request may take (hitproof
 SOAK_TIMEOUT = 1500.0          # seconds one soak or the replay may take (a loaded machine is slow)
 TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
 TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
-NONCE_LETTERS = "abcdefghijkmnpqrstuvwxyz"      # the alphabet of tui.core.evidence.text.new_nonce
+NONCE_LETTERS = "abcdefghijkmnpqrstuvwxyz"      # the alphabet of tui.core.evidence.codes.new_nonce
 
 
 class Problem(Exception):

@@ -5,7 +5,8 @@ import random
 import pytest
 
 from tui.core.config.errors import BadInput
-from tui.core.evidence.text import CodeBook, CodeOwner, Registry, recall_suffix
+from tui.core.evidence.text import recall_suffix
+from tui.core.evidence.codes import CodeBook, CodeOwner, Registry
 from tui.core.evidence.memos import build_memo
 from tui.core.evidence.tokens import TokenCounter, estimate_tokens
 
@@ -43,7 +44,7 @@ async def test_memo_places_code_between_boundaries_and_once():
 
 
 def test_nonce_has_no_digits():
-    from tui.core.evidence.text import new_nonce
+    from tui.core.evidence.codes import new_nonce
     assert not any(ch.isdigit() for ch in new_nonce())
 
 

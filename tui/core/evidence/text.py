@@ -8,7 +8,6 @@ in an answer is attributable to exactly one registered code).
 from __future__ import annotations
 
 import random
-import secrets
 from dataclasses import dataclass, field
 
 RECALL_QUESTION = "What is the reconciliation code in this memo?"
@@ -27,64 +26,6 @@ def summary_suffix() -> str:
 
 def determinism_suffix() -> str:
     return f"\n\nQuestion: {DETERMINISM_QUESTION}\nAnswer:"
-
-
-def new_nonce() -> str:
-    # Letters only: the memo must hold no four-digit number other than its code.
-    return "".join(secrets.choice("abcdefghijkmnpqrstuvwxyz") for _ in range(8))
-
-
-# --- codes -------------------------------------------------------------------------
-
-def _usable_group(group: int) -> bool:
-    text = f"{group:04d}"
-    if text[0] == "0" or 1900 <= group <= 2099:      # no leading zero, nothing that reads as a year
-        return False
-    if len(set(text)) < 3:                          # no 1111 / 1212-like groups a model might invent
-        return False
-    return True
-
-
-class CodeBook:
-    """Issues codes like 7395-2841-6620; no 4-digit group is ever used twice in a run."""
-
-    def __init__(self, rng: random.Random):
-        self._rng = rng
-        self._used: set[str] = set()
-
-    def new_code(self) -> str:
-        groups: list[str] = []
-        while len(groups) < 3:
-            value = self._rng.randrange(1000, 10000)
-            text = f"{value:04d}"
-            if _usable_group(value) and text not in self._used and text not in groups:
-                groups.append(text)
-        self._used.update(groups)
-        return "-".join(groups)
-
-
-@dataclass(frozen=True)
-class CodeOwner:
-    code: str
-    memo: str
-    phase: str
-    slot: int | None = None
-
-
-class Registry:
-    """Every code planted in the run and which memo owns it."""
-
-    def __init__(self) -> None:
-        self.owners: dict[str, CodeOwner] = {}
-
-    def register(self, owner: CodeOwner) -> None:
-        if owner.code in self.owners:
-            raise ValueError(f"code {owner.code} registered twice")
-        self.owners[owner.code] = owner
-
-    def codes(self) -> dict[str, str]:
-        """code -> memo id, the shape the pure checks take."""
-        return {code: owner.memo for code, owner in self.owners.items()}
 
 
 # --- memo text ---------------------------------------------------------------------

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from ..config.scenario import Scenario
-from ..evidence.text import CodeBook, Registry
+from ..evidence.codes import CodeBook, Registry
 from ..log.events import CheckpointSeen, Event, ServerInfo
 from ..report.power import EvidenceTally
 from ..server.client import OpenAIClient

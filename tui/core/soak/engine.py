@@ -20,7 +20,7 @@ from ..config.errors import EXIT_INTERRUPTED, EXIT_SERVER, HitproofError, Server
 from .isolation import IsolationResult, isolate, why_not_isolated
 from ..log.events import (CheckpointSeen, Event, EventBus, Finding, MetricsSample, PhaseFinished, PhaseStarted,
                           PowerJudged, RunFinished, RunHeader, ServerInfo)
-from ..evidence.text import CodeBook, Registry, new_nonce
+from ..evidence.codes import CodeBook, Registry, new_nonce
 from ..server.discovery import CACHE_REPORT_FIX, discover, probe_cache_report, scrape
 from ..server.metrics import MetricSnapshot, block_size, compact
 from .phases import PHASES

@@ -16,7 +16,7 @@ from ..log.events import AnswerDelta
 from ..server.client import Completion, RequestSpec
 from ..checks.answers import ALL_JUDGES
 from ..config.scenario import Scenario
-from ..evidence.text import Registry
+from ..evidence.codes import Registry
 from ..log.events import Event
 from .proof import UNKNOWN, CacheProof
 

@@ -11,8 +11,8 @@ from typing import Any, Iterable
 from ..checks.answers import ALL_JUDGES, evaluate
 from ..config.errors import ServerProblem
 from ..evidence.memos import Memo, build_memo, filler_text
-from ..evidence.text import (DETERMINISM_QUESTION, RECALL_QUESTION, SUMMARY_QUESTION, CodeOwner, determinism_suffix,
-                             recall_suffix, summary_suffix)
+from ..evidence.text import DETERMINISM_QUESTION, RECALL_QUESTION, SUMMARY_QUESTION, determinism_suffix, recall_suffix, summary_suffix
+from ..evidence.codes import CodeOwner
 from ..evidence.tokens import TokenCounter
 from ..log.events import Finding, MemoPlanted, RequestFinished, RequestStarted, RoundStarted
 from ..server.client import RequestSpec

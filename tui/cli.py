@@ -149,33 +149,10 @@ def _setup(args, err: Console) -> int:
 
 
 def _run(args, console: Console, err: Console, argv: list[str]) -> int:
-    from .core.log.events import EventBus
-    from .core.report.report import RunReport
-    from .core.report.power import power_line
-    from .headless import HeadlessConsole, summary_renderable
-    from .runner import default_log_path, run_embedded, run_launched, run_soak
     from .core.soak.engine import Target
-    from .core.server.profiles import adhoc_plan, load_profile, resolve_profile_path
+    from .runner import default_log_path, run_embedded, run_launched, run_soak
 
-    if args.url and not args.launch:
-        raise HitproofError("--url goes with --launch (use --attach URL for a server you started yourself)")
-    if args.startup_timeout is not None and not (args.launch or args.profile):
-        raise HitproofError("--startup-timeout goes with --launch or --profile")
-    if args.startup_timeout is not None and args.startup_timeout <= 0:
-        raise HitproofError("--startup-timeout must be more than 0 seconds")
-    scenario = load_scenario(resolve_scenario_path(args.scenario))
-    if args.power is not None:
-        scenario = dataclasses.replace(scenario, power=dataclasses.replace(scenario.power,
-                                                                          fault_rate=parse_rate(args.power)))
-    plan = None
-    if args.profile:        # validated (exit 2) before anything starts
-        profile = load_profile(resolve_profile_path(args.profile))
-        from .embedded import placeholders
-        plan = profile.plan(placeholders=placeholders())
-        if args.startup_timeout is not None:
-            plan.startup_timeout = args.startup_timeout
-    elif args.launch:
-        plan = adhoc_plan(args.launch, _normalize_url(args.url) if args.url else None, args.startup_timeout)
+    scenario, plan = _run_inputs(args)       # every input validated (exit 2) before anything starts
     record = None if args.no_record else Path(args.record) if args.record else default_log_path()
     engine = None if (args.attach or plan) else (args.engine or "vllm")
     label = engine or ((plan.profile or {}).get("name") if plan else None) or "server"
@@ -187,13 +164,7 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
         err.print(f"[{label} log] {line}", style="grey50", markup=False, highlight=False)
 
     if engine:
-        from .embedded import SetupError, prepare
-        try:
-            prepare(engine, model=args.model, progress=lambda line: err.print(f"[setup {engine}] {line}",
-                                                                             markup=False, highlight=False))
-        except SetupError as exc:
-            raise HitproofError(str(exc)) from None
-
+        _prepare_embedded(engine, args.model, err)
     hitproof_argv = ["hitproof", *argv]
     url = _normalize_url(args.attach) if args.attach else None
 
@@ -209,11 +180,55 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
 
     if not args.headless:
         return _run_app(start, record, err)
+    return _run_headless(start, record, console, err, verbose=args.verbose)
+
+
+def _run_inputs(args):
+    """The scenario (with --power applied) and the launch plan (--profile or --launch, else None)."""
+    from .core.server.profiles import adhoc_plan, load_profile, resolve_profile_path
+
+    if args.url and not args.launch:
+        raise HitproofError("--url goes with --launch (use --attach URL for a server you started yourself)")
+    if args.startup_timeout is not None and not (args.launch or args.profile):
+        raise HitproofError("--startup-timeout goes with --launch or --profile")
+    if args.startup_timeout is not None and args.startup_timeout <= 0:
+        raise HitproofError("--startup-timeout must be more than 0 seconds")
+    scenario = load_scenario(resolve_scenario_path(args.scenario))
+    if args.power is not None:
+        scenario = dataclasses.replace(scenario, power=dataclasses.replace(scenario.power,
+                                                                          fault_rate=parse_rate(args.power)))
+    plan = None
+    if args.profile:
+        from .embedded import placeholders
+        plan = load_profile(resolve_profile_path(args.profile)).plan(placeholders=placeholders())
+        if args.startup_timeout is not None:
+            plan.startup_timeout = args.startup_timeout
+    elif args.launch:
+        plan = adhoc_plan(args.launch, _normalize_url(args.url) if args.url else None, args.startup_timeout)
+    return scenario, plan
+
+
+def _prepare_embedded(engine: str, model: str, err: Console) -> None:
+    from .embedded import SetupError, prepare
+
+    try:
+        prepare(engine, model=model, progress=lambda line: err.print(f"[setup {engine}] {line}",
+                                                                    markup=False, highlight=False))
+    except SetupError as exc:
+        raise HitproofError(str(exc)) from None
+
+
+def _run_headless(start, record: Path | None, console: Console, err: Console, *, verbose: bool) -> int:
+    """The soak on the console: progress while it runs, the summary and the power line after."""
+    from .core.log.events import EventBus
+    from .core.report.power import power_line
+    from .core.report.report import RunReport
+    from .headless import HeadlessConsole, summary_renderable
 
     bus = EventBus()
     report = RunReport()
     bus.subscribe(report.feed)
-    headless = HeadlessConsole(console, show_info=args.verbose)
+    headless = HeadlessConsole(console, show_info=verbose)
     try:
         outcome = asyncio.run(start(bus=bus, listeners=[headless]))
     except KeyboardInterrupt:
@@ -224,7 +239,7 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
     finally:
         headless.stop()
     if report.phases or report.end:
-        console.print(summary_renderable(report, show_info=args.verbose))
+        console.print(summary_renderable(report, show_info=verbose))
         console.print(power_line(report), style="grey62")
     if outcome.verdict == "error":
         err.print(f"hitproof: error: {outcome.message}", style="red", markup=False, soft_wrap=True)

@@ -139,14 +139,22 @@ def parse_profile(text: str, source: str = "<profile>", *, base: Path | None = N
     for key in data:
         if key not in _KEYS:
             raise fail(key, f"unknown key (known: {', '.join(_KEYS)})")
-
     name = data.get("name", default_name)
     if not isinstance(name, str) or not _NAME.match(name):
         raise fail("name", "must be a short name of letters, digits, '.', '_' or '-' (it names the log file)")
     description = data.get("description", "")
     if not isinstance(description, str):
         raise fail("description", "must be a string")
+    command = _command(data, source, fail)
+    facts = data.get("facts", {})
+    if not isinstance(facts, dict):
+        raise fail("facts", "must be a table [facts]")
+    return Profile(name=name, command=command, url=_url(data, command, source, fail), env=_env(data, fail),
+                   startup_timeout=_startup_timeout(data, fail), overlays=_overlays(data, base, fail),
+                   facts=dict(facts), description=description, source=source, text=text, base=str(base))
 
+
+def _command(data: dict, source: str, fail) -> str:
     if "command" not in data:
         raise BadInput(f"{source}: command: missing (the server command line to start)")
     command = data["command"]
@@ -162,7 +170,10 @@ def parse_profile(text: str, source: str = "<profile>", *, base: Path | None = N
         raise fail("command", f"cannot be split like a shell line: {exc}") from None
     if not words:
         raise fail("command", "must be a non-empty string")
+    return command
 
+
+def _url(data: dict, command: str, source: str, fail) -> str:
     url = data.get("url")
     if url is None:
         if "{port}" not in command:
@@ -174,16 +185,20 @@ def parse_profile(text: str, source: str = "<profile>", *, base: Path | None = N
     url = url.strip().rstrip("/")
     if url.endswith("/v1"):
         url = url[:-3]
+    in_command = re.findall(r"\{([A-Za-z_]\w*)\}", command)
     for placeholder in re.findall(r"\{([A-Za-z_]\w*)\}", command + " " + url):
         if placeholder not in ("port", "python", "profile_dir", *EMBEDDED_PLACEHOLDERS):
-            raise fail("command" if placeholder in re.findall(r"\{([A-Za-z_]\w*)\}", command) else "url",
+            raise fail("command" if placeholder in in_command else "url",
                        f"unknown placeholder {{{placeholder}}} (known: {{port}}, {{python}}, {{profile_dir}}, "
                        f"{{llama_server}}, {{models}})")
+    return url
 
+
+def _env(data: dict, fail) -> dict[str, str]:
     env = data.get("env", {})
     if not isinstance(env, dict):
         raise fail("env", "must be a table [env] of NAME = \"value\"")
-    clean_env: dict[str, str] = {}
+    clean: dict[str, str] = {}
     for key, value in env.items():
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
             raise fail(key, "not a valid environment variable name", "env")
@@ -193,14 +208,20 @@ def parse_profile(text: str, source: str = "<profile>", *, base: Path | None = N
             value = str(value)
         if not isinstance(value, str):
             raise fail(key, f"must be a string, number or boolean, got {type(value).__name__}", "env")
-        clean_env[key] = value
+        clean[key] = value
+    return clean
 
+
+def _startup_timeout(data: dict, fail) -> float:
     timeout = data.get("startup_timeout", DEFAULT_STARTUP_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise fail("startup_timeout", f"must be a number of seconds, got {type(timeout).__name__} {timeout!r}")
     if timeout <= 0:
         raise fail("startup_timeout", f"must be more than 0 seconds, got {timeout}")
+    return float(timeout)
 
+
+def _overlays(data: dict, base: Path, fail) -> tuple[Overlay, ...]:
     overlays_in = data.get("overlays", [])
     if not isinstance(overlays_in, list) or not all(isinstance(p, str) and p for p in overlays_in):
         raise fail("overlays", "must be a list of patch file paths (relative to the profile file)")
@@ -215,14 +236,7 @@ def parse_profile(text: str, source: str = "<profile>", *, base: Path | None = N
         except OSError as exc:
             raise fail("overlays", f"cannot read overlay {item!r}: {exc.strerror or exc}") from None
         overlays.append(Overlay(item, str(path.resolve()), hashlib.sha256(content).hexdigest(), len(content)))
-
-    facts = data.get("facts", {})
-    if not isinstance(facts, dict):
-        raise fail("facts", "must be a table [facts]")
-
-    return Profile(name=name, command=command, url=url, env=clean_env, startup_timeout=float(timeout),
-                   overlays=tuple(overlays), facts=dict(facts), description=description, source=source,
-                   text=text, base=str(base))
+    return tuple(overlays)
 
 
 def adhoc_plan(command: str, url: str | None, startup_timeout: float | None = None) -> LaunchPlan:

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from . import __version__
-from .core.config.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, HitproofError
+from .core.config.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_LOG, HitproofError
 from .core.config.scenario import load_scenario, resolve_scenario_path
 
 ENGINES = ("vllm", "llamacpp")
@@ -154,6 +154,9 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
 
     scenario, plan = _run_inputs(args)       # every input validated (exit 2) before anything starts
     record = None if args.no_record else Path(args.record) if args.record else default_log_path()
+    if record is not None:
+        from .core.log.recorder import check_writable
+        check_writable(record)               # exit 5 before a server is launched or a model loaded
     engine = None if (args.attach or plan) else (args.engine or "vllm")
     label = engine or ((plan.profile or {}).get("name") if plan else None) or "server"
 
@@ -244,7 +247,8 @@ def _run_headless(start, record: Path | None, console: Console, err: Console, *,
     if outcome.verdict == "error":
         err.print(f"hitproof: error: {outcome.message}", style="red", markup=False, soft_wrap=True)
     if record:
-        console.print(f"log: {record}")
+        console.print(f"log: {record}" + (" (incomplete: see the error above)" if outcome.exit_code == EXIT_LOG
+                                          else ""))
     return outcome.exit_code
 
 

@@ -20,7 +20,7 @@ from .core.server.incident import build_incident
 from .core.server.launch import LaunchError, ServerProcess, free_port
 from .core.server.profiles import LaunchPlan, Profile, env_of_interest
 from .core.log.recorder import Recorder
-from .core.config.errors import ServerProblem
+from .core.config.errors import EXIT_LOG, ServerProblem
 from .core.config.scenario import Scenario
 
 PROBE_BUDGET = 20.0   # seconds the incident probe may take before the soak starts without it
@@ -125,24 +125,33 @@ async def run_soak(scenario: Scenario, target: Target, *, bus: EventBus, record:
     cold one-token completion) and goes in the run header; `plan` says how the server was launched."""
     if probe and not target.incident:
         target.incident = await gather_incident(scenario, target, plan)
-    recorder = Recorder(record) if record else None
+    engine = SoakEngine(scenario, target, bus, argv=argv, isolate=isolate)
+    # a log that can no longer be written stops the soak at once (exit 5, one line), not at the end
+    recorder = Recorder(record, on_failure=engine.stop_with) if record else None
     if recorder:
-        await recorder.start()
+        try:
+            await recorder.start()
+        except BaseException:
+            await engine.aclose()
+            raise
         bus.subscribe(recorder)
     for listener in listeners:
         bus.subscribe(listener)
-    engine = SoakEngine(scenario, target, bus, argv=argv, isolate=isolate)
     if on_engine is not None:
         on_engine(engine)
+    outcome: Outcome | None = None
     try:
         outcome = await engine.run()
         if after_run is not None:
             await after_run(engine, outcome)
-        return outcome
     finally:
         await engine.aclose()
         if recorder:
             await recorder.close()
+    if recorder is not None and recorder.failure is not None and outcome.exit_code != EXIT_LOG:
+        # the last write (or the file's last check) failed after the soak had ended
+        outcome = Outcome("error", EXIT_LOG, str(recorder.failure))
+    return outcome
 
 
 async def gather_incident(scenario: Scenario, target: Target, plan: LaunchPlan | None) -> dict:

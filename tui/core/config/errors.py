@@ -7,6 +7,7 @@ EXIT_FAIL = 1
 EXIT_BAD_INPUT = 2
 EXIT_SERVER = 3
 EXIT_INCONCLUSIVE = 4
+EXIT_LOG = 5                 # the event log could not be written (full disk, removed, not writable)
 EXIT_INTERRUPTED = 130
 
 
@@ -27,3 +28,9 @@ class ServerProblem(HitproofError):
     """The server is unreachable, died, answered with an HTTP error or a broken stream."""
 
     exit_code = EXIT_SERVER
+
+
+class LogWriteError(HitproofError):
+    """The event log could not be written: the run stops at the first failed write."""
+
+    exit_code = EXIT_LOG

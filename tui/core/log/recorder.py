@@ -230,6 +230,46 @@ def check_header(event: Event, path: str | Path) -> RunHeader:
     return event
 
 
+HEADER_LIMIT = 64 << 20       # bytes the first line (the header, with the scenario's text) may take
+
+
+def read_header(path: str | Path, handle=None) -> RunHeader:
+    """The log's header, read from its first line whatever a reader skips later: anything that is not a
+    hitproof log (a folder, an empty file, binary data, a first line that is not a header) is one
+    BadInput line (exit 2)."""
+    path = Path(path)
+    try:
+        if handle is None:
+            with open(path, "rb") as own:
+                first = own.readline(HEADER_LIMIT)
+        else:
+            first = handle.readline(HEADER_LIMIT)
+            handle.seek(0)
+    except OSError as exc:
+        raise BadInput(f"cannot open log {path}: {exc.strerror or exc}") from None
+    return header_of(first, path)
+
+
+def header_of(first: bytes, path: str | Path) -> RunHeader:
+    """The header in a log's first line (bytes up to and with its newline)."""
+    if not first.strip():
+        raise BadInput(f"{path}: empty file, not a hitproof log" if not first else
+                       f"{path}: not a hitproof log (the first line is blank)")
+    if b"\0" in first:
+        raise BadInput(f"{path}: not a hitproof log (binary data)")
+    if not first.endswith(b"\n"):
+        raise BadInput(f"{path}: not a hitproof log (the first line is cut short or too long)")
+    try:
+        first.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInput(f"{path}: not a hitproof log (binary data)") from None
+    try:
+        event = decode_line(first)
+    except DecodeError:
+        raise BadInput(f"{path}: not a hitproof log (the first line is not a JSON event)") from None
+    return check_header(event, path)
+
+
 def iter_log(path: str | Path, warnings: list[str] | None = None, skip_deltas: bool = False,
              only: Collection[str] | None = None) -> Iterator[Event]:
     """Events of a log, in order. A bad line stops the read with a warning (a crash mid-write).
@@ -242,6 +282,7 @@ def iter_log(path: str | Path, warnings: list[str] | None = None, skip_deltas: b
         raise BadInput(f"cannot open log {path}: {exc.strerror or exc}") from None
     wanted = _wanted_lines(only) if only is not None else None
     with handle:
+        read_header(path, handle)                    # before any filter can skip the first line
         number = 0                                   # lines before the current block
         tail = b""
         while True:

@@ -236,6 +236,6 @@ async def run_embedded(scenario: Scenario, engine: str, model: str, *, bus: Even
 
 async def run_profile(scenario: Scenario, profile: Profile, **kwargs) -> Outcome:
     """Launch a profile's server on a fresh port, soak it, stop it (see run_launched)."""
-    from .embedded import placeholders    # {llama_server}, {models}: the embedded engines know them
+    from .embedded import placeholders    # {llama_server}, {models}, {chat_template}
 
     return await run_launched(scenario, profile.plan(placeholders=placeholders()), **kwargs)

@@ -163,8 +163,8 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
     engine = None if (args.attach or plan) else (args.engine or "vllm")
     label = engine or ((plan.profile or {}).get("name") if plan else None) or "server"
 
-    def progress(line: str) -> None:
-        err.print(f"[{label}] {line}", markup=False, highlight=False)
+    from .headless import StartupLines
+    progress = StartupLines(err, label)      # without a terminal, a line only when it changes
 
     def echo(line: str) -> None:       # --verbose: the launched server's output as it comes
         err.print(f"[{label} log] {line}", style="grey50", markup=False, highlight=False)

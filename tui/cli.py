@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from . import __version__
-from .core.config.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_LOG, HitproofError
+from .core.config.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_LOG, HitproofError
 from .core.config.scenario import load_scenario, resolve_scenario_path
 
 ENGINES = ("vllm", "llamacpp")
@@ -124,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("hitproof: interrupted", style="yellow")
         return EXIT_INTERRUPTED
+    except Exception as exc:                 # a bug in hitproof: one line and exit 6, not a traceback
+        if os.environ.get("HITPROOF_DEBUG"):
+            raise
+        err.print(f"hitproof: error: internal error: {type(exc).__name__}: {exc} (a bug in hitproof; "
+                  f"HITPROOF_DEBUG=1 shows the traceback)", style="red", markup=False, soft_wrap=True)
+        return EXIT_INTERNAL
     parser.error(f"unknown command {args.command}")
     return EXIT_BAD_INPUT
 
@@ -331,6 +338,9 @@ def _run_app(start, record, err: Console) -> int:
     app = build_app(LiveSource(live_start))
     app.run()
     code = app.return_code if app.return_code is not None else EXIT_INTERRUPTED
+    if app.failure:                          # seen on screen; said again once the screen is gone
+        err.print(f"hitproof: error: {app.failure}", style="red", markup=False, soft_wrap=True)
+        code = app.exit_code if app.exit_code is not None else code
     if record:
         err.print(f"log: {record}")
     return code

@@ -20,7 +20,7 @@ from .core.server.incident import build_incident
 from .core.server.launch import LaunchError, ServerProcess, free_port
 from .core.server.profiles import LaunchPlan, Profile, env_of_interest
 from .core.log.recorder import Recorder
-from .core.config.errors import EXIT_LOG, ServerProblem
+from .core.config.errors import EXIT_LOG, HitproofError, InternalError, ServerProblem
 from .core.config.scenario import Scenario
 
 PROBE_BUDGET = 20.0   # seconds the incident probe may take before the soak starts without it
@@ -55,6 +55,7 @@ class ServerLogRelay:
         self.recent: collections.deque[str] = collections.deque(maxlen=self.CONTEXT)
         self.per_kind: collections.Counter[str] = collections.Counter()
         self.suppressed = 0
+        self.on_error: Callable[[Exception, str], None] | None = None    # a line it could not relay
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, RunHeader) and not self.open:
@@ -65,7 +66,12 @@ class ServerLogRelay:
     def _flush(self) -> None:
         self.open = True
         for line in self.buffer:
-            self._emit(line)
+            try:
+                self._emit(line)
+            except Exception as exc:     # called from the loop: raising here would only be logged
+                if self.on_error is None:
+                    raise
+                self.on_error(exc, line)
         self.buffer.clear()
 
     def __call__(self, line: str) -> None:
@@ -184,10 +190,25 @@ async def run_launched(scenario: Scenario, plan: LaunchPlan, *, bus: EventBus, r
     whose message ends with the server's last output line."""
     relay = ServerLogRelay(bus, echo=echo)
     bus.subscribe(relay.on_event)
-    server = ServerProcess(plan.argv, url=plan.url, env=plan.env, on_line=relay)
+    failures: list[HitproofError] = []
+
+    def relay_failed(exc: Exception, line: str) -> None:
+        """A server line that could not be relayed may have carried a fail finding: the soak stops."""
+        if failures:
+            return
+        failures.append(exc if isinstance(exc, HitproofError) else InternalError(
+            f"relaying the server's output failed on the line {line.strip()[:80]!r} ({type(exc).__name__}: "
+            f"{exc}); its engine-log findings could be lost, so the soak stops here"))
+        if relay.engine is not None:
+            relay.engine.stop_with(failures[0])
+
+    relay.on_error = relay_failed
+    server = ServerProcess(plan.argv, url=plan.url, env=plan.env, on_line=relay, on_line_error=relay_failed)
 
     def attach(engine: SoakEngine) -> None:
         relay.engine = engine
+        if failures:
+            engine.stop_with(failures[0])
         if on_engine is not None:
             on_engine(engine)
 
@@ -211,8 +232,11 @@ async def run_launched(scenario: Scenario, plan: LaunchPlan, *, bus: EventBus, r
                         env_of_interest=plan.env_of_interest, facts=plan.facts, exited=server.exited,
                         exit_info=lambda: {"exit_code": server.returncode,
                                            "last_lines": list(server.recent_lines)[-20:]})
-        return await run_soak(scenario, target, bus=bus, record=record, listeners=listeners, argv=argv,
-                              isolate=isolate, after_run=after_run, on_engine=attach, plan=plan)
+        outcome = await run_soak(scenario, target, bus=bus, record=record, listeners=listeners, argv=argv,
+                                 isolate=isolate, after_run=after_run, on_engine=attach, plan=plan)
+        if failures and outcome.message != str(failures[0]):     # it failed after the soak had ended
+            outcome = Outcome("error", failures[0].exit_code, str(failures[0]))
+        return outcome
     finally:
         relay.detach()
         await server.stop()

@@ -21,6 +21,7 @@ from .core.server.launch import LaunchError, ServerProcess, free_port
 from .core.server.profiles import LaunchPlan, Profile, env_of_interest
 from .core.log.recorder import Recorder
 from .core.config.errors import EXIT_LOG, HitproofError, InternalError, ServerProblem
+from .core.config.redact import Redactor, secrets_of
 from .core.config.scenario import Scenario
 
 PROBE_BUDGET = 20.0   # seconds the incident probe may take before the soak starts without it
@@ -56,6 +57,7 @@ class ServerLogRelay:
         self.per_kind: collections.Counter[str] = collections.Counter()
         self.suppressed = 0
         self.on_error: Callable[[Exception, str], None] | None = None    # a line it could not relay
+        self.redact: Callable[[str], str] | None = None      # the run's secrets out of every line
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, RunHeader) and not self.open:
@@ -75,6 +77,8 @@ class ServerLogRelay:
         self.buffer.clear()
 
     def __call__(self, line: str) -> None:
+        if self.redact is not None:
+            line = self.redact(line)
         if self.echo is not None:
             self.echo(line)
         if self.detached:
@@ -132,8 +136,11 @@ async def run_soak(scenario: Scenario, target: Target, *, bus: EventBus, record:
     if probe and not target.incident:
         target.incident = await gather_incident(scenario, target, plan)
     engine = SoakEngine(scenario, target, bus, argv=argv, isolate=isolate)
-    # a log that can no longer be written stops the soak at once (exit 5, one line), not at the end
-    recorder = Recorder(record, on_failure=engine.stop_with) if record else None
+    redactor = Redactor(secrets_of(plan.argv if plan else None, plan.env if plan else None))
+    # a log that can no longer be written stops the soak at once (exit 5, one line), not at the end;
+    # API keys and tokens never reach it
+    recorder = Recorder(record, on_failure=engine.stop_with, redact=redactor.line if redactor else None) \
+        if record else None
     if recorder:
         try:
             await recorder.start()
@@ -203,6 +210,9 @@ async def run_launched(scenario: Scenario, plan: LaunchPlan, *, bus: EventBus, r
             relay.engine.stop_with(failures[0])
 
     relay.on_error = relay_failed
+    redactor = Redactor(secrets_of(plan.argv, plan.env))
+    relay.redact = redactor.text if redactor else None
+    shown = redactor.command_line(plan.argv)          # the launch command as said and recorded
     server = ServerProcess(plan.argv, url=plan.url, env=plan.env, on_line=relay, on_line_error=relay_failed)
 
     def attach(engine: SoakEngine) -> None:
@@ -221,14 +231,14 @@ async def run_launched(scenario: Scenario, plan: LaunchPlan, *, bus: EventBus, r
             raise ServerProblem(f"{prefix}{exc}") from None
         if on_server is not None:
             on_server(server)
-        progress(f"started {name} (pid {server.pid}): {server.command_line}")
+        progress(f"started {name} (pid {server.pid}): {shown}")
         started = time.monotonic()
         try:
             await server.wait_ready(plan.startup_timeout, progress)
         except LaunchError as exc:
             raise ServerProblem(f"{prefix}{exc} (waited for {plan.url}/health and /v1/models)") from None
         progress(f"server ready at {plan.url} after {time.monotonic() - started:.0f}s")
-        target = Target(url=plan.url, engine=plan.engine, launch_command=server.command_line,
+        target = Target(url=plan.url, engine=plan.engine, launch_command=shown,
                         env_of_interest=plan.env_of_interest, facts=plan.facts, exited=server.exited,
                         exit_info=lambda: {"exit_code": server.returncode,
                                            "last_lines": list(server.recent_lines)[-20:]})

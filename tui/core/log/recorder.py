@@ -65,8 +65,10 @@ class Recorder:
 
     CHECK_EVERY = 1.0            # seconds between checks that the file is still at its path
 
-    def __init__(self, path: str | Path, on_failure: Callable[[LogWriteError], None] | None = None):
+    def __init__(self, path: str | Path, on_failure: Callable[[LogWriteError], None] | None = None,
+                 redact: Callable[[bytes], bytes] | None = None):
         self.path = Path(path)
+        self.redact = redact         # the run's secrets out of every line (tui.core.config.redact)
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self.written = 0
@@ -91,7 +93,8 @@ class Recorder:
 
     def __call__(self, event: Event) -> None:
         if self.failure is None:
-            self._queue.put_nowait(encode_line(event))
+            line = encode_line(event)
+            self._queue.put_nowait(self.redact(line) if self.redact is not None else line)
 
     async def _write_loop(self) -> None:
         try:

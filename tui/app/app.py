@@ -208,10 +208,11 @@ class HitproofApp(App):
             out.append(" RUNNING ", style="bold black on cyan")
         out.append(f" {m.last_t:.1f}s")
         if m.report.header:
-            out.append(f"  {m.report.header.scenario.get('name')}", style="bold")
+            out.append(f"  {(m.report.header.scenario or {}).get('name') or 'scenario unknown'}", style="bold")
         server = m.report.server
         if server:
-            out.append(f"  {server.dialect} {server.version or ''} {server.model} {server.url}", style="cyan")
+            out.append("  " + " ".join(str(part) for part in (server.dialect, server.version, server.model, server.url)
+                                       if part), style="cyan")
         elif m.report.header:
             out.append(f"  {m.report.header.target.get('url') or ''}", style="cyan")
         return out
@@ -282,7 +283,16 @@ class HitproofApp(App):
             return
 
         async def go() -> None:
-            possible = await self.source.isolate(request, kind)
+            try:
+                possible = await self.source.isolate(request, kind)
+            except HitproofError as exc:     # e.g. the server went away: said, and the next one may start
+                self.model.active_isolation = None
+                self.notify(f"isolation of request {request} failed: {exc}", severity="error", timeout=30)
+                return
+            except Exception as exc:         # a bug: said, and the exit code says it too
+                self.model.active_isolation = None
+                self.fail(f"isolation of request {request} failed: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
+                return
             if not possible:
                 self.notify("isolation needs a live server (this is a replay)", severity="warning")
 

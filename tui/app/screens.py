@@ -166,8 +166,8 @@ class IsolationProgress(ModalScreen):
         else:
             r = iso.result
             style = {"leak": "bold white on red", "hit_path_corruption": "bold white on red",
-                     "fluke": "bold black on yellow"}[r.verdict]
-            body.append(f" {r.verdict.upper()} ", style=style)
+                     "fluke": "bold black on yellow"}.get(r.verdict, "bold")
+            body.append(f" {(r.verdict or 'unknown').upper()} ", style=style)
             body.append(f"\nreproduced on {r.reproduced}/{r.hit_runs} hits alone, {r.cold_reproduced}/{r.cold_runs} "
                         f"cold\n{r.detail}")
         self.query_one("#isolation-body", Static).update(body)

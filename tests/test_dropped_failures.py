@@ -187,3 +187,42 @@ async def test_an_unexpected_error_in_the_cli_is_one_line_and_exit_6(tmp_path):
     assert "Traceback" not in result.err and result.code in (2, EXIT_INTERNAL), result.err
     lines = [line for line in result.err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("hitproof: error:"), result.err
+
+
+async def test_an_isolation_that_fails_is_said_and_frees_the_next_one():
+    """The server goes away after the soak; an isolation re-run then fails: a notice says so (it used to
+    vanish in the worker, leaving "an isolation re-run is already in progress" for good)."""
+    handle = await start_refserver(port=0)
+    app = app_on(handle.url)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.model.finished, timeout=60)
+        await handle.close()                                   # the server is gone
+        request = next(iter(app.model.requests))
+        notices = []
+        app.notify = lambda message, **kw: notices.append((message, kw.get("severity")))
+        app.isolate_request(request, "recall_miss")
+        await wait_for(pilot, lambda: any("failed" in m for m, _ in notices), timeout=60)
+        assert app.model.active_isolation is None and app.failure is None
+        message, severity = next((m, s) for m, s in notices if "failed" in m)
+        assert message.startswith(f"isolation of request {request} failed: ") and severity == "error"
+        await pilot.press("escape")
+        await pilot.press("q")
+    assert app.return_code == 0                     # the soak's verdict stands
+
+
+async def test_an_isolation_on_a_live_server_ends_with_its_verdict():
+    handle = await start_refserver(port=0, fault="zero_state")
+    try:
+        app = app_on(handle.url)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.model.finished, timeout=60)
+            flagged = next(f.request for f in app.model.findings if f.severity == "fail")
+            app.isolate_request(flagged)
+            await wait_for(pilot, lambda: (app.model.isolations.get(flagged) or None) is not None
+                           and app.model.isolations[flagged].result is not None, timeout=60)
+            assert app.model.active_isolation is None and app.failure is None
+            await pilot.press("escape")
+            await pilot.press("q")
+        assert app.return_code == 1
+    finally:
+        await handle.close()

@@ -286,10 +286,12 @@ class HitproofApp(App):
             try:
                 possible = await self.source.isolate(request, kind)
             except HitproofError as exc:     # e.g. the server went away: said, and the next one may start
+                self.draw_frame()             # its start event folded first, then cleared
                 self.model.active_isolation = None
                 self.notify(f"isolation of request {request} failed: {exc}", severity="error", timeout=30)
                 return
             except Exception as exc:         # a bug: said, and the exit code says it too
+                self.draw_frame()
                 self.model.active_isolation = None
                 self.fail(f"isolation of request {request} failed: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
                 return

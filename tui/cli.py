@@ -290,8 +290,11 @@ def _matrix(args, console: Console, err: Console, argv: list[str]) -> int:
         consoles.append(HeadlessConsole(console, show_info=args.verbose))
         return [consoles[-1]]
 
-    def progress(name: str, line: str) -> None:
-        err.print(f"[{name}] {line}", markup=False, highlight=False)
+    from .headless import StartupLines
+    lines: dict[str, StartupLines] = {}
+
+    def progress(name: str, line: str) -> None:     # without a terminal, a line only when it changes
+        lines.setdefault(name, StartupLines(err, name))(line)
 
     def echo(name: str, line: str) -> None:
         err.print(f"[{name} log] {line}", style="grey50", markup=False, highlight=False)

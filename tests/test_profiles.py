@@ -97,8 +97,11 @@ def test_example_profiles_load():
     for name in ("vllm-prefix-on", "vllm-prefix-off", "refserver-none", "refserver-zero-state"):
         profile = load_profile(ROOT / "scenarios" / "profiles" / f"{name}.toml")
         assert profile.name == name and "{port}" in profile.command
-    on = load_profile(ROOT / "scenarios" / "profiles" / "vllm-prefix-on.toml").plan(port=1)
-    off = load_profile(ROOT / "scenarios" / "profiles" / "vllm-prefix-off.toml").plan(port=1)
+    from tui.embedded import placeholders          # {chat_template}: the embedded Gemma chat template
+
+    on = load_profile(ROOT / "scenarios" / "profiles" / "vllm-prefix-on.toml").plan(port=1, placeholders=placeholders())
+    off = load_profile(ROOT / "scenarios" / "profiles" / "vllm-prefix-off.toml").plan(port=1,
+                                                                                      placeholders=placeholders())
     assert [a for a in on.argv if "prefix-caching" in a] == ["--enable-prefix-caching"]
     assert [a for a in off.argv if "prefix-caching" in a] == ["--no-enable-prefix-caching"]
     assert cache_reuse(on.argv) == {"forced_off": False, "decided_by": "--enable-prefix-caching"}

@@ -426,3 +426,14 @@ async def test_start_refserver_rejects_unknown_options():
         await start_refserver(colour="blue")
     with pytest.raises(ValueError):
         await start_refserver(fault="melted")
+
+
+def test_ids_map_back_to_the_text_just_tokenized_when_two_texts_share_an_id():
+    """ "2645" and "6620" hash to the same id: a process that met "2645" first must still detokenize a
+    prompt it just tokenized with "6620" in it (a long test process met this; a code came back wrong)."""
+    from tui.refserver.tokenizer import detokenize, token_for, tokenize
+
+    assert token_for("2645").id == token_for("6620").id
+    tokenize("2645")
+    ids = [t.id for t in tokenize(f"the code is {CODE_A}.")]
+    assert detokenize(ids) == f"the code is {CODE_A}."

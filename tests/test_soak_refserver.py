@@ -164,6 +164,13 @@ async def test_api_key_never_reaches_the_log(refserver, tmp_path):
                                 "--record", str(log), env={"HITPROOF_API_KEY": "sk-very-secret-value"})
     assert result.code == 0
     assert "sk-very-secret-value" not in log.read_text()
+    assert "sk-very-secret-value" not in result.out + result.err
+    header = json.loads(log.read_text().splitlines()[0])
+    assert header["target"]["incident"]                    # the incident record is there, and clean
+    for fmt in ("text", "markdown", "json", "junit", "html"):   # every report format (tests/test_secrets.py:
+        shown = await run_hitproof("report", str(log), "--format", fmt)   # launched, app screens)
+        assert shown.code == 0 and shown.out.strip(), shown.err
+        assert "sk-very-secret-value" not in shown.out + shown.err, fmt
 
 
 async def test_isolate_puts_verdicts_on_findings(tmp_path):

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from . import __version__
-from .core.config.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, HitproofError
+from .core.config.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_LOG, HitproofError
 from .core.config.scenario import load_scenario, resolve_scenario_path
 
 ENGINES = ("vllm", "llamacpp")
@@ -124,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("hitproof: interrupted", style="yellow")
         return EXIT_INTERRUPTED
+    except Exception as exc:                 # a bug in hitproof: one line and exit 6, not a traceback
+        if os.environ.get("HITPROOF_DEBUG"):
+            raise
+        err.print(f"hitproof: error: internal error: {type(exc).__name__}: {exc} (a bug in hitproof; "
+                  f"HITPROOF_DEBUG=1 shows the traceback)", style="red", markup=False, soft_wrap=True)
+        return EXIT_INTERNAL
     parser.error(f"unknown command {args.command}")
     return EXIT_BAD_INPUT
 
@@ -157,11 +164,14 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
 
     scenario, plan = _run_inputs(args)       # every input validated (exit 2) before anything starts
     record = None if args.no_record else Path(args.record) if args.record else default_log_path()
+    if record is not None:
+        from .core.log.recorder import check_writable
+        check_writable(record)               # exit 5 before a server is launched or a model loaded
     engine = None if (args.attach or plan) else (args.engine or "vllm")
     label = engine or ((plan.profile or {}).get("name") if plan else None) or "server"
 
-    def progress(line: str) -> None:
-        err.print(f"[{label}] {line}", markup=False, highlight=False)
+    from .headless import StartupLines
+    progress = StartupLines(err, label)      # without a terminal, a line only when it changes
 
     def echo(line: str) -> None:       # --verbose: the launched server's output as it comes
         err.print(f"[{label} log] {line}", style="grey50", markup=False, highlight=False)
@@ -249,7 +259,8 @@ def _run_headless(start, record: Path | None, console: Console, err: Console, *,
     if outcome.verdict == "error":
         err.print(f"hitproof: error: {outcome.message}", style="red", markup=False, soft_wrap=True)
     if record:
-        console.print(f"log: {record}")
+        console.print(f"log: {record}" + (" (incomplete: see the error above)" if outcome.exit_code == EXIT_LOG
+                                          else ""))
     return outcome.exit_code
 
 
@@ -279,8 +290,11 @@ def _matrix(args, console: Console, err: Console, argv: list[str]) -> int:
         consoles.append(HeadlessConsole(console, show_info=args.verbose))
         return [consoles[-1]]
 
-    def progress(name: str, line: str) -> None:
-        err.print(f"[{name}] {line}", markup=False, highlight=False)
+    from .headless import StartupLines
+    lines: dict[str, StartupLines] = {}
+
+    def progress(name: str, line: str) -> None:     # without a terminal, a line only when it changes
+        lines.setdefault(name, StartupLines(err, name))(line)
 
     def echo(name: str, line: str) -> None:
         err.print(f"[{name} log] {line}", style="grey50", markup=False, highlight=False)
@@ -327,6 +341,9 @@ def _run_app(start, record, err: Console) -> int:
     app = build_app(LiveSource(live_start))
     app.run()
     code = app.return_code if app.return_code is not None else EXIT_INTERRUPTED
+    if app.failure:                          # seen on screen; said again once the screen is gone
+        err.print(f"hitproof: error: {app.failure}", style="red", markup=False, soft_wrap=True)
+        code = app.exit_code if app.exit_code is not None else code
     if record:
         err.print(f"log: {record}")
     return code

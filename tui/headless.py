@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 
+from rich import box
 from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -79,6 +80,26 @@ class HeadlessConsole:
             self.progress.stop()
 
 
+class StartupLines:
+    """The start-up progress of a launched server ("waiting for URL (12s): its last output line"), on
+    the console: on a terminal every line, elsewhere (a CI log, a pipe) a line only when it says
+    something new, the elapsed seconds aside, instead of the same line every 2 seconds."""
+
+    _ELAPSED = re.compile(r"^(waiting for \S+) \(\d+s\)")
+
+    def __init__(self, console: Console, label: str) -> None:
+        self.console, self.label = console, label
+        self._last: str | None = None
+
+    def __call__(self, line: str) -> None:
+        if not self.console.is_terminal:
+            key = self._ELAPSED.sub(r"\1", line)
+            if key == self._last:
+                return
+            self._last = key
+        self.console.print(f"[{self.label}] {line}", markup=False, highlight=False)
+
+
 def format_finding(f: Finding) -> str:
     where = [f.phase]
     if f.slot is not None:
@@ -97,15 +118,21 @@ def format_isolation(e: IsolationFinished) -> str:
             f"{e.reproduced}/{e.hit_runs} hits, {e.cold_reproduced}/{e.cold_runs} cold; {e.detail}")
 
 
+SUMMARY_COLUMNS = ("phase", "status", "req", "hits", "cached\ntokens", "TTFT\ncold", "TTFT\nhit", "f/w/i")
+
+
 def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
-    table = Table(title="hitproof summary", title_justify="left", padding=(0, 1))
-    for column in ("phase", "status", "req", "hits", "cached tok", "TTFT cold", "TTFT hit", "f/w/i"):
+    # fits 80 columns: no side borders, one space and a blank divider between columns, two-line headers
+    table = Table(title="hitproof summary", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                  padding=(0, 1, 0, 0), pad_edge=False)
+    for column in SUMMARY_COLUMNS:
         table.add_column(column, justify="left" if column in ("phase", "status") else "right", no_wrap=True)
     for name, phase in report.phases.items():
-        counts = phase.get("findings") or {}
+        counts = {k: v or 0 for k, v in (phase.get("findings") or {}).items()}
+        status = phase.get("status") or "?"
         table.add_row(
-            name, Text(phase.get("status", "?"), style=STATUS_STYLE.get(phase.get("status", ""), "")),
-            str(phase.get("requests", "")), str(phase.get("hits", "")), str(phase.get("cached_tokens", "")),
+            name, Text(status, style=STATUS_STYLE.get(status, "")),
+            fmt.cell(phase.get("requests")), fmt.cell(phase.get("hits")), fmt.cell(phase.get("cached_tokens")),
             fmt.duration_ms(phase.get("ttft_cold_ms")), fmt.duration_ms(phase.get("ttft_hit_ms")),
             f"{counts.get('fail', 0)}/{counts.get('warn', 0)}/{counts.get('info', 0)}")
     lines: list = [table]
@@ -170,8 +197,9 @@ def report_text(report: RunReport) -> str:
         console.print(Text(f"server {server.url}: {server.dialect} {server.version or 'version unknown'}, model "
                            f"{server.model}, grid {server.grid} tokens ({server.grid_source}), launch: {launch}"))
     if header is not None:
-        console.print(Text(f"run {header.run_id} at {header.started_at}, scenario "
-                           f"{header.scenario.get('name')}, seed {facts.settings(report).get('seed')}, sampling "
+        console.print(Text(f"run {header.run_id or 'unknown'} at {header.started_at or 'an unknown time'}, "
+                           f"scenario {fmt.word((header.scenario or {}).get('name'))}, seed "
+                           f"{fmt.word(facts.settings(report).get('seed'))}, sampling "
                            f"{fmt.kv(facts.sampling(report)) or 'default'}"))
     console.print(summary_renderable(report))
     console.print(Text(power_line(report)))

@@ -20,7 +20,8 @@ from .core.server.incident import build_incident
 from .core.server.launch import LaunchError, ServerProcess, free_port
 from .core.server.profiles import LaunchPlan, Profile, env_of_interest
 from .core.log.recorder import Recorder
-from .core.config.errors import ServerProblem
+from .core.config.errors import EXIT_LOG, HitproofError, InternalError, ServerProblem
+from .core.config.redact import Redactor, secrets_of
 from .core.config.scenario import Scenario
 
 PROBE_BUDGET = 20.0   # seconds the incident probe may take before the soak starts without it
@@ -55,6 +56,8 @@ class ServerLogRelay:
         self.recent: collections.deque[str] = collections.deque(maxlen=self.CONTEXT)
         self.per_kind: collections.Counter[str] = collections.Counter()
         self.suppressed = 0
+        self.on_error: Callable[[Exception, str], None] | None = None    # a line it could not relay
+        self.redact: Callable[[str], str] | None = None      # the run's secrets out of every line
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, RunHeader) and not self.open:
@@ -65,10 +68,17 @@ class ServerLogRelay:
     def _flush(self) -> None:
         self.open = True
         for line in self.buffer:
-            self._emit(line)
+            try:
+                self._emit(line)
+            except Exception as exc:     # called from the loop: raising here would only be logged
+                if self.on_error is None:
+                    raise
+                self.on_error(exc, line)
         self.buffer.clear()
 
     def __call__(self, line: str) -> None:
+        if self.redact is not None:
+            line = self.redact(line)
         if self.echo is not None:
             self.echo(line)
         if self.detached:
@@ -125,24 +135,36 @@ async def run_soak(scenario: Scenario, target: Target, *, bus: EventBus, record:
     cold one-token completion) and goes in the run header; `plan` says how the server was launched."""
     if probe and not target.incident:
         target.incident = await gather_incident(scenario, target, plan)
-    recorder = Recorder(record) if record else None
+    engine = SoakEngine(scenario, target, bus, argv=argv, isolate=isolate)
+    redactor = Redactor(secrets_of(plan.argv if plan else None, plan.env if plan else None))
+    # a log that can no longer be written stops the soak at once (exit 5, one line), not at the end;
+    # API keys and tokens never reach it
+    recorder = Recorder(record, on_failure=engine.stop_with, redact=redactor.line if redactor else None) \
+        if record else None
     if recorder:
-        await recorder.start()
+        try:
+            await recorder.start()
+        except BaseException:
+            await engine.aclose()
+            raise
         bus.subscribe(recorder)
     for listener in listeners:
         bus.subscribe(listener)
-    engine = SoakEngine(scenario, target, bus, argv=argv, isolate=isolate)
     if on_engine is not None:
         on_engine(engine)
+    outcome: Outcome | None = None
     try:
         outcome = await engine.run()
         if after_run is not None:
             await after_run(engine, outcome)
-        return outcome
     finally:
         await engine.aclose()
         if recorder:
             await recorder.close()
+    if recorder is not None and recorder.failure is not None and outcome.exit_code != EXIT_LOG:
+        # the last write (or the file's last check) failed after the soak had ended
+        outcome = Outcome("error", EXIT_LOG, str(recorder.failure))
+    return outcome
 
 
 async def gather_incident(scenario: Scenario, target: Target, plan: LaunchPlan | None) -> dict:
@@ -175,10 +197,28 @@ async def run_launched(scenario: Scenario, plan: LaunchPlan, *, bus: EventBus, r
     whose message ends with the server's last output line."""
     relay = ServerLogRelay(bus, echo=echo)
     bus.subscribe(relay.on_event)
-    server = ServerProcess(plan.argv, url=plan.url, env=plan.env, on_line=relay)
+    failures: list[HitproofError] = []
+
+    def relay_failed(exc: Exception, line: str) -> None:
+        """A server line that could not be relayed may have carried a fail finding: the soak stops."""
+        if failures:
+            return
+        failures.append(exc if isinstance(exc, HitproofError) else InternalError(
+            f"relaying the server's output failed on the line {line.strip()[:80]!r} ({type(exc).__name__}: "
+            f"{exc}); its engine-log findings could be lost, so the soak stops here"))
+        if relay.engine is not None:
+            relay.engine.stop_with(failures[0])
+
+    relay.on_error = relay_failed
+    redactor = Redactor(secrets_of(plan.argv, plan.env))
+    relay.redact = redactor.text if redactor else None
+    shown = redactor.command_line(plan.argv)          # the launch command as said and recorded
+    server = ServerProcess(plan.argv, url=plan.url, env=plan.env, on_line=relay, on_line_error=relay_failed)
 
     def attach(engine: SoakEngine) -> None:
         relay.engine = engine
+        if failures:
+            engine.stop_with(failures[0])
         if on_engine is not None:
             on_engine(engine)
 
@@ -191,19 +231,22 @@ async def run_launched(scenario: Scenario, plan: LaunchPlan, *, bus: EventBus, r
             raise ServerProblem(f"{prefix}{exc}") from None
         if on_server is not None:
             on_server(server)
-        progress(f"started {name} (pid {server.pid}): {server.command_line}")
+        progress(f"started {name} (pid {server.pid}): {shown}")
         started = time.monotonic()
         try:
             await server.wait_ready(plan.startup_timeout, progress)
         except LaunchError as exc:
             raise ServerProblem(f"{prefix}{exc} (waited for {plan.url}/health and /v1/models)") from None
         progress(f"server ready at {plan.url} after {time.monotonic() - started:.0f}s")
-        target = Target(url=plan.url, engine=plan.engine, launch_command=server.command_line,
+        target = Target(url=plan.url, engine=plan.engine, launch_command=shown,
                         env_of_interest=plan.env_of_interest, facts=plan.facts, exited=server.exited,
                         exit_info=lambda: {"exit_code": server.returncode,
                                            "last_lines": list(server.recent_lines)[-20:]})
-        return await run_soak(scenario, target, bus=bus, record=record, listeners=listeners, argv=argv,
-                              isolate=isolate, after_run=after_run, on_engine=attach, plan=plan)
+        outcome = await run_soak(scenario, target, bus=bus, record=record, listeners=listeners, argv=argv,
+                                 isolate=isolate, after_run=after_run, on_engine=attach, plan=plan)
+        if failures and outcome.message != str(failures[0]):     # it failed after the soak had ended
+            outcome = Outcome("error", failures[0].exit_code, str(failures[0]))
+        return outcome
     finally:
         relay.detach()
         await server.stop()
@@ -227,6 +270,6 @@ async def run_embedded(scenario: Scenario, engine: str, model: str, *, bus: Even
 
 async def run_profile(scenario: Scenario, profile: Profile, **kwargs) -> Outcome:
     """Launch a profile's server on a fresh port, soak it, stop it (see run_launched)."""
-    from .embedded import placeholders    # {llama_server}, {models}: the embedded engines know them
+    from .embedded import placeholders    # {llama_server}, {models}, {chat_template}
 
     return await run_launched(scenario, profile.plan(placeholders=placeholders()), **kwargs)

@@ -11,13 +11,15 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Log, Static
+from textual.worker import WorkerCancelled
 
 from ..core.log import events as ev
-from ..core.config.errors import EXIT_INTERRUPTED
+from ..core.config.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, HitproofError
 from .model import RunModel
 from .screens import IsolationProgress, RequestDetail
 from .widgets import FindingsTable, MetricsStrip, PhaseList, SlotGrid, SlotPanel, TtftHistogram
 
+QUIT_TIMEOUT = 60.0      # seconds the soak may take to end after the user quits
 FRAME_RATE = 24          # frames per second at most; events are folded in between frames
 
 
@@ -66,6 +68,10 @@ class HitproofApp(App):
         self.paused = False
         self.force_compact: bool | None = None
         self.exit_code: int | None = None
+        # what went wrong where the app alone sees it (the soak worker failed, it did not stop in time):
+        # one line the CLI prints after the app has closed, with exit_code; never dropped
+        self.failure: str | None = None
+        self.quit_timeout = QUIT_TIMEOUT
         self.frames = 0
         self.status_line = ""
         self._widgets: tuple | None = None
@@ -103,9 +109,25 @@ class HitproofApp(App):
         self.draw_frame()
 
     async def _run_source(self) -> None:
-        code = await self.source.run(self)
+        try:
+            code = await self.source.run(self)
+        except HitproofError as exc:
+            self.fail(str(exc), exc.exit_code)
+            return
+        except Exception as exc:          # a bug: said on screen and after the app closes, exit 6
+            self.fail(f"the soak failed: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
+            return
         if code is not None:
             self.exit_code = code
+
+    def fail(self, message: str, code: int) -> None:
+        """A failure the user must see: on screen now, as one line once the app closes, as the exit code."""
+        if self.failure is None:
+            self.failure = " ".join(message.split())
+            self.exit_code = code
+            if self.model.report.end is None:
+                self.feed(ev.RunFinished(verdict="error", exit_code=code, message=self.failure))
+            self.notify(self.failure, severity="error", timeout=30)
 
     # --- the stream -------------------------------------------------------------------------
 
@@ -186,10 +208,11 @@ class HitproofApp(App):
             out.append(" RUNNING ", style="bold black on cyan")
         out.append(f" {m.last_t:.1f}s")
         if m.report.header:
-            out.append(f"  {m.report.header.scenario.get('name')}", style="bold")
+            out.append(f"  {(m.report.header.scenario or {}).get('name') or 'scenario unknown'}", style="bold")
         server = m.report.server
         if server:
-            out.append(f"  {server.dialect} {server.version or ''} {server.model} {server.url}", style="cyan")
+            out.append("  " + " ".join(str(part) for part in (server.dialect, server.version, server.model, server.url)
+                                       if part), style="cyan")
         elif m.report.header:
             out.append(f"  {m.report.header.target.get('url') or ''}", style="cyan")
         return out
@@ -260,7 +283,18 @@ class HitproofApp(App):
             return
 
         async def go() -> None:
-            possible = await self.source.isolate(request, kind)
+            try:
+                possible = await self.source.isolate(request, kind)
+            except HitproofError as exc:     # e.g. the server went away: said, and the next one may start
+                self.draw_frame()             # its start event folded first, then cleared
+                self.model.active_isolation = None
+                self.notify(f"isolation of request {request} failed: {exc}", severity="error", timeout=30)
+                return
+            except Exception as exc:         # a bug: said, and the exit code says it too
+                self.draw_frame()
+                self.model.active_isolation = None
+                self.fail(f"isolation of request {request} failed: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
+                return
             if not possible:
                 self.notify("isolation needs a live server (this is a replay)", severity="warning")
 
@@ -308,22 +342,29 @@ class HitproofApp(App):
         self.source.seek(len(self.source.index))
 
     async def action_quit_app(self) -> None:
-        if self.model.report.end is None and self.source.live:
+        if self.model.report.end is None and self.source.live and self.failure is None:
             self.source_worker.cancel()
-            try:
-                await asyncio.wait_for(self.source_worker.wait(), 60)
-            except Exception:
-                pass
-            self.exit_code = EXIT_INTERRUPTED
+            await self._wait_for_source("stop")
+            if self.failure is None:
+                self.exit_code = EXIT_INTERRUPTED
         quit_event = getattr(self.source, "quit_requested", None)
         if quit_event is not None:
             quit_event.set()
-            try:
-                await asyncio.wait_for(self.source_worker.wait(), 60)
-            except Exception:
-                pass
+            await self._wait_for_source("finish")
         code = self.exit_code if self.exit_code is not None else self.model.report.exit_code
         self.exit(return_code=code)
+
+    async def _wait_for_source(self, what: str) -> None:
+        """Wait for the soak worker after quitting; a soak that does not end in time is said, not dropped
+        (its failures reach fail() from the worker itself)."""
+        done, _ = await asyncio.wait({asyncio.ensure_future(self.source_worker.wait())}, timeout=self.quit_timeout)
+        if not done:
+            self.fail(f"the soak did not {what} within {self.quit_timeout:g} s of quitting; the log may lack its "
+                      f"last events", EXIT_INTERNAL)
+            return
+        error = next(iter(done)).exception()
+        if error is not None and not isinstance(error, WorkerCancelled):
+            self.fail(f"the soak failed: {type(error).__name__}: {error}", EXIT_INTERNAL)
 
 
 def build_app(source: Source, **options) -> HitproofApp:

@@ -166,7 +166,7 @@ class RunModel:
     def _on_phase_end(self, e: ev.PhaseFinished) -> None:
         phase = self.phases.setdefault(e.phase, PhaseView(e.phase))
         phase.status, phase.reasons = e.status, list(e.reasons)
-        phase.done = e.summary.get("requests", phase.done)
+        phase.done = (e.summary or {}).get("requests") or phase.done
         phase.hits = e.summary.get("hits", phase.hits)
 
     def _on_memo(self, e: ev.MemoPlanted) -> None:

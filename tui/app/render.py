@@ -37,7 +37,8 @@ def phase_table(model: RunModel) -> Table:
 def _progress(phase: PhaseView) -> str:
     parts = []
     if phase.rounds and phase.round is not None and phase.status == "running":
-        parts.append(f"r{phase.round + 1}/{phase.rounds}")
+        # rounds are numbered from 0 everywhere (the log, reports, slot panels): round 0 of rotation is cold
+        parts.append(f"r{phase.round} of 0-{phase.rounds - 1}")
     parts.append(f"{phase.done}/{phase.planned}")
     return " ".join(parts)
 

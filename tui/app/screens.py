@@ -10,6 +10,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
 from ..core.checks.detectors import first_divergence
+from ..core.report.fmt import cell
 from .model import RequestView, RunModel
 from .render import HIGHLIGHT_STYLE, answer_text
 
@@ -95,12 +96,12 @@ class RequestDetail(Screen):
         view = self.model.requests[self.request]
         head = Text()
         head.append(f"request {view.request}", style="bold")
-        head.append(f"  phase {view.phase}  slot {view.slot}  round {view.round}  memo {view.memo}  "
-                    f"task {view.task}  arm {view.arm}")
+        head.append(f"  phase {view.phase or '-'}  slot {cell(view.slot)}  round {cell(view.round)}  memo "
+                    f"{cell(view.memo)}  task {view.task or '-'}  arm {view.arm or '-'}")
         if view.code:
             head.append("  code ")
             head.append(view.code, style=HIGHLIGHT_STYLE["own"])
-        head.append(f"\nprompt {view.prompt_tokens} tok, cached {view.cached_tokens}, ttft "
+        head.append(f"\nprompt {cell(view.prompt_tokens)} tok, cached {cell(view.cached_tokens)}, ttft "
                     f"{'-' if view.ttft is None else f'{view.ttft * 1000:.0f} ms'}", style="grey70")
         memo = self.model.memos.get(view.memo or "")
         if memo and memo.code_tokens and memo.code_tokens[0] is not None:
@@ -165,8 +166,8 @@ class IsolationProgress(ModalScreen):
         else:
             r = iso.result
             style = {"leak": "bold white on red", "hit_path_corruption": "bold white on red",
-                     "fluke": "bold black on yellow"}[r.verdict]
-            body.append(f" {r.verdict.upper()} ", style=style)
+                     "fluke": "bold black on yellow"}.get(r.verdict, "bold")
+            body.append(f" {(r.verdict or 'unknown').upper()} ", style=style)
             body.append(f"\nreproduced on {r.reproduced}/{r.hit_runs} hits alone, {r.cold_reproduced}/{r.cold_runs} "
                         f"cold\n{r.detail}")
         self.query_one("#isolation-body", Static).update(body)

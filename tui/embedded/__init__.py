@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 from . import llamacpp, vllm
@@ -53,7 +54,8 @@ def launch_spec(engine: str, *, port: int, model: str = "gemma3-270m", lora: boo
 
 
 def placeholders() -> dict[str, Callable[[], str]]:
-    """Values of the launch profiles' {llama_server} and {models} (tui.core.server.profiles)."""
+    """Values of the launch profiles' {llama_server}, {models} and {chat_template} (the embedded Gemma chat
+    template, package data of every install) (tui.core.server.profiles)."""
     from ..core.config.errors import BadInput
     from .common import cache_dir, read_info
 
@@ -64,4 +66,5 @@ def placeholders() -> dict[str, Callable[[], str]]:
                              "llamacpp`")
         return str(binary)
 
-    return {"llama_server": llama_server, "models": lambda: str(cache_dir() / "models")}
+    return {"llama_server": llama_server, "models": lambda: str(cache_dir() / "models"),
+            "chat_template": lambda: str(Path(__file__).resolve().parent / "gemma_chat.jinja")}

@@ -15,6 +15,9 @@ from .server import start_refserver
 def configure(parser: argparse.ArgumentParser) -> None:
     d = RefServerConfig()
     parser.add_argument("--port", type=int, default=d.port, help="TCP port on 127.0.0.1 (0 = pick a free one)")
+    parser.add_argument("--host", default=d.host,
+                        help="address to listen on (default 127.0.0.1; anything else is warned about: the "
+                             "reference server has no authentication)")
     parser.add_argument("--fault", choices=FAULTS, default=d.fault,
                         help="fault injected at the cache-restore step (see tui/refserver/README.md)")
     parser.add_argument("--seed", type=int, default=d.seed, help="seed of the fault RNGs")
@@ -41,10 +44,13 @@ def _config(ns: argparse.Namespace) -> RefServerConfig:
         decode_ms_per_token=ns.decode_ms_per_token, model_name=ns.model_name,
         drift_min_tokens=getattr(ns, "drift_min_tokens", RefServerConfig.drift_min_tokens),
         num_speculative_tokens=getattr(ns, "num_speculative_tokens", 0),
-        cache_report=not getattr(ns, "no_cache_report", False))
+        cache_report=not getattr(ns, "no_cache_report", False), host=getattr(ns, "host", RefServerConfig.host))
 
 
 async def serve(config: RefServerConfig) -> None:
+    if not config.loopback:
+        print(f"refserver: warning: listening on {config.host}, not loopback: anyone who can reach this machine "
+              f"can use it (the reference server has no authentication)", file=sys.stderr, flush=True)
     handle = await start_refserver(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -70,6 +76,6 @@ def main(ns: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # SIGINT before the handler was installed
         return 0
     except OSError as exc:
-        print(f"refserver: cannot listen on 127.0.0.1:{config.port}: {exc}", file=sys.stderr)
+        print(f"refserver: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0

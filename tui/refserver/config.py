@@ -36,8 +36,13 @@ class RefServerConfig:
             raise ValueError("timings must be >= 0")
         if self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens must be >= 0")
-        if self.host not in ("127.0.0.1", "localhost", "::1"):
-            raise ValueError("the reference server only listens on loopback")
+        if not self.host.strip():
+            raise ValueError("host must not be empty")
+
+    @property
+    def loopback(self) -> bool:
+        """Reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+        return self.host == "localhost" or self.host == "::1" or self.host.startswith("127.")
 
     @classmethod
     def from_options(cls, **options: object) -> "RefServerConfig":

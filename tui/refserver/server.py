@@ -30,7 +30,7 @@ class RefServerHandle:
 
 
 async def start_refserver(config: RefServerConfig | None = None, **options: object) -> RefServerHandle:
-    """Serve on 127.0.0.1 and return once listening.
+    """Serve on 127.0.0.1 (or ``host``) and return once listening.
 
     Pass a ``RefServerConfig`` or its fields as keyword options (``port`` defaults to 0
     here, a free port; the CLI's default is 8100): ``fault``, ``seed``, ``block_size``,
@@ -51,5 +51,6 @@ async def start_refserver(config: RefServerConfig | None = None, **options: obje
         await runner.cleanup()
         raise
     port = runner.addresses[0][1]
-    host = "[::1]" if config.host == "::1" else "127.0.0.1"
+    host = {"::1": "[::1]", "localhost": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(
+        config.host, f"[{config.host}]" if ":" in config.host else config.host)
     return RefServerHandle(f"http://{host}:{port}", port, config, pipeline, runner)

@@ -50,11 +50,14 @@ def token_for(text: str) -> Token:
 
 def tokenize(text: str, *, add_bos: bool = True) -> list[Token]:
     tokens = [token_for(piece) for piece in TOKEN_RE.findall(text)]
+    for token in tokens:        # the latest text wins a hash collision: ids just handed out map back
+        _seen[token.id] = token.text
     return [BOS, *tokens] if add_bos else tokens
 
 
 def detokenize(ids: list[int]) -> str:
-    """Best effort: ids this process has seen map back to their first text."""
+    """Best effort: ids this process has seen map back to their latest text (two texts can share an
+    id: with a 50,000-id vocabulary, a long test process meets collisions among 4-digit code groups)."""
     return "".join(_seen.get(i, "") for i in ids)
 
 

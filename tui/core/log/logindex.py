@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from ..config.errors import BadInput
 from .events import DecodeError, Event, RunHeader, decode
-from .recorder import check_header, decode_line
+from .recorder import HEADER_LIMIT, decode_line, header_of
 
 # Lines whose kind matters for navigation; the prefix is how the recorder writes them.
 MARK_TYPES = ("finding", "phase_start", "phase_end", "run_end", "isolation_end")
@@ -50,15 +50,19 @@ class LogIndex:
         os.close(self._fd)
 
     def _read_header(self) -> RunHeader:
-        first = os.pread(self._fd, 1 << 20, 0)
-        line = first.split(b"\n", 1)[0]
-        if not line.strip():
-            raise BadInput(f"{self.path}: empty log")
         try:
-            event = decode(line)
-        except DecodeError:
-            raise BadInput(f"{self.path}: not a hitproof log (first line is not JSON)") from None
-        return check_header(event, self.path)
+            first = os.pread(self._fd, 1 << 20, 0)
+            if b"\n" not in first and len(first) == 1 << 20:     # a long header (a big scenario text)
+                first = os.pread(self._fd, HEADER_LIMIT, 0)
+        except OSError as exc:                 # a folder opens, and fails here
+            os.close(self._fd)
+            raise BadInput(f"cannot open log {self.path}: {exc.strerror or exc}") from None
+        cut = first.find(b"\n")
+        try:
+            return header_of(first[:cut + 1] if cut >= 0 else first, self.path)
+        except BadInput:
+            os.close(self._fd)
+            raise
 
     # --- the scan -------------------------------------------------------------------------------
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
+import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Collection, Iterator
@@ -12,7 +15,7 @@ from typing import Callable, Collection, Iterator
 import aiofiles
 import orjson
 
-from ..config.errors import BadInput
+from ..config.errors import BadInput, LogWriteError
 from .events import EVENT_TYPES, SCHEMA_VERSION, DecodeError, Event, RunHeader, decode, encode
 
 _DELTA_PREFIX = b'{"type":"delta"'
@@ -52,53 +55,159 @@ def encode_line(event: Event) -> bytes:
 
 
 class Recorder:
-    """Subscribes to the bus; a writer task appends and flushes every event as it comes."""
+    """Subscribes to the bus; a writer task appends and flushes every event as it comes.
 
-    def __init__(self, path: str | Path):
+    A write that fails (a full disk, an I/O error) or a file that is no longer where it was (removed,
+    or its folder was: writes to an unlinked file still succeed, so the path is checked about once a
+    second and at the end) stops the recorder at once: `failure` holds the one-line error, later
+    events are dropped (nothing piles up in memory) and `on_failure` is called once, so the run can
+    stop too. Nothing is raised from the writer task or from `close`."""
+
+    CHECK_EVERY = 1.0            # seconds between checks that the file is still at its path
+
+    def __init__(self, path: str | Path, on_failure: Callable[[LogWriteError], None] | None = None,
+                 redact: Callable[[bytes], bytes] | None = None):
         self.path = Path(path)
+        self.redact = redact         # the run's secrets out of every line (tui.core.config.redact)
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self.written = 0
+        self._bytes = 0
+        self.failure: LogWriteError | None = None
+        self.on_failure = on_failure
+        self._inode: tuple[int, int] | None = None
+        self._checked = 0.0
 
     async def start(self) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _make_folder(self.path.parent)
             # binary: lines are encoded on the loop, the writer thread only copies bytes (no
             # allocations in its own malloc arena, which kept growing a night-long run's RSS)
             self._file = await aiofiles.open(self.path, "wb")
+            found = os.fstat(self._file.fileno())
         except OSError as exc:
-            raise BadInput(f"cannot write the log {self.path}: {exc.strerror or exc}") from None
+            raise LogWriteError(log_write_message(self.path, _reason(exc), 0)) from None
+        self._inode = (found.st_dev, found.st_ino)
+        self._checked = time.monotonic()
         self._task = asyncio.create_task(self._write_loop(), name="recorder")
 
     def __call__(self, event: Event) -> None:
-        self._queue.put_nowait(encode_line(event))
+        if self.failure is None:
+            line = encode_line(event)
+            self._queue.put_nowait(self.redact(line) if self.redact is not None else line)
 
     async def _write_loop(self) -> None:
-        while True:
-            line = await self._queue.get()
-            if line is None:
-                break
-            lines = [line]
-            while not self._queue.empty():            # batch what is already waiting
-                more = self._queue.get_nowait()
-                if more is None:
-                    await self._flush(lines)
-                    return
-                lines.append(more)
-            await self._flush(lines)
+        try:
+            while True:
+                line = await self._queue.get()
+                if line is None:
+                    break
+                lines = [line]
+                while not self._queue.empty():            # batch what is already waiting
+                    more = self._queue.get_nowait()
+                    if more is None:
+                        await self._flush(lines)
+                        return
+                    lines.append(more)
+                await self._flush(lines)
+        except OSError as exc:
+            self._fail(_reason(exc))
 
     async def _flush(self, lines: list[bytes]) -> None:
-        await self._file.write(b"".join(lines))
-        await self._file.flush()
+        data = b"".join(lines)
+        try:
+            await self._file.write(data)
+            await self._file.flush()
+        except OSError:
+            self.written += self._landed(data)
+            raise
         self.written += len(lines)
+        self._bytes += len(data)
+        now = time.monotonic()
+        if now - self._checked >= self.CHECK_EVERY:
+            self._checked = now
+            self._check_in_place()
+
+    def _landed(self, data: bytes) -> int:
+        """Whole events of a failed batch that reached the file all the same (part of a buffer)."""
+        try:
+            size = os.fstat(self._file.fileno()).st_size
+        except (OSError, ValueError):
+            return 0
+        return data[:max(0, size - self._bytes)].count(b"\n")
+
+    def _check_in_place(self) -> None:
+        """The file must still be at its path: an unlinked file takes writes that nobody will read."""
+        try:
+            found = os.stat(self.path)
+        except FileNotFoundError:
+            raise OSError(errno.ENOENT, "the file was removed during the run (or its folder was)") from None
+        if (found.st_dev, found.st_ino) != self._inode:
+            raise OSError(errno.ENOENT, "the file was replaced by another during the run")
+
+    def _fail(self, reason: str) -> None:
+        if self.failure is not None:
+            return
+        self.failure = LogWriteError(log_write_message(self.path, reason, self.written))
+        while not self._queue.empty():                    # what could not be written is dropped
+            self._queue.get_nowait()
+        if self.on_failure is not None:
+            self.on_failure(self.failure)
 
     async def close(self) -> None:
         if self._task is None:
             return
         self._queue.put_nowait(None)
         await asyncio.shield(self._task)
-        await self._file.close()
         self._task = None
+        try:
+            if self.failure is None:
+                self._check_in_place()
+            await self._file.close()
+        except OSError as exc:
+            self._fail(_reason(exc))
+            try:
+                await self._file.close()
+            except OSError:
+                pass                                   # the failure is already the report
+
+
+def check_writable(path: str | Path) -> None:
+    """Before anything starts (a server launched, a model loaded): can the log be written there?
+    Creates its folder; a file that was not there is not left behind. LogWriteError (exit 5) if not."""
+    path = Path(path)
+    existed = path.exists()
+    try:
+        _make_folder(path.parent)
+        with open(path, "ab"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as exc:
+        raise LogWriteError(log_write_message(path, _reason(exc), 0)) from None
+
+
+def log_write_message(path: Path, reason: str, written: int) -> str:
+    events = "1 event" if written == 1 else f"{written:,} events"
+    return f"could not write the log {path}: {reason} ({events} written; the log stops there)"
+
+
+def _make_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:                       # something on the way is a file
+        raise NotADirectoryError(errno.ENOTDIR, f"{_first_file(folder)} is a file, not a folder") from None
+
+
+def _first_file(folder: Path) -> Path:
+    for parent in reversed((folder, *folder.parents)):
+        if parent.exists() and not parent.is_dir():
+            return parent
+    return folder
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
 
 
 @dataclass
@@ -124,6 +233,46 @@ def check_header(event: Event, path: str | Path) -> RunHeader:
     return event
 
 
+HEADER_LIMIT = 64 << 20       # bytes the first line (the header, with the scenario's text) may take
+
+
+def read_header(path: str | Path, handle=None) -> RunHeader:
+    """The log's header, read from its first line whatever a reader skips later: anything that is not a
+    hitproof log (a folder, an empty file, binary data, a first line that is not a header) is one
+    BadInput line (exit 2)."""
+    path = Path(path)
+    try:
+        if handle is None:
+            with open(path, "rb") as own:
+                first = own.readline(HEADER_LIMIT)
+        else:
+            first = handle.readline(HEADER_LIMIT)
+            handle.seek(0)
+    except OSError as exc:
+        raise BadInput(f"cannot open log {path}: {exc.strerror or exc}") from None
+    return header_of(first, path)
+
+
+def header_of(first: bytes, path: str | Path) -> RunHeader:
+    """The header in a log's first line (bytes up to and with its newline)."""
+    if not first.strip():
+        raise BadInput(f"{path}: empty file, not a hitproof log" if not first else
+                       f"{path}: not a hitproof log (the first line is blank)")
+    if b"\0" in first:
+        raise BadInput(f"{path}: not a hitproof log (binary data)")
+    if not first.endswith(b"\n"):
+        raise BadInput(f"{path}: not a hitproof log (the first line is cut short or too long)")
+    try:
+        first.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInput(f"{path}: not a hitproof log (binary data)") from None
+    try:
+        event = decode_line(first)
+    except DecodeError:
+        raise BadInput(f"{path}: not a hitproof log (the first line is not a JSON event)") from None
+    return check_header(event, path)
+
+
 def iter_log(path: str | Path, warnings: list[str] | None = None, skip_deltas: bool = False,
              only: Collection[str] | None = None) -> Iterator[Event]:
     """Events of a log, in order. A bad line stops the read with a warning (a crash mid-write).
@@ -136,6 +285,7 @@ def iter_log(path: str | Path, warnings: list[str] | None = None, skip_deltas: b
         raise BadInput(f"cannot open log {path}: {exc.strerror or exc}") from None
     wanted = _wanted_lines(only) if only is not None else None
     with handle:
+        read_header(path, handle)                    # before any filter can skip the first line
         number = 0                                   # lines before the current block
         tail = b""
         while True:

@@ -20,8 +20,9 @@ def cell(value: Any) -> str:
 
 
 def word(value: Any) -> str:
-    """Any value inside a sentence."""
-    return NONE if value is None else str(value)
+    """Any value inside a sentence. A server's own "None" (vLLM writes Python's None into its
+    cache_config_info labels) reads as "none" too."""
+    return NONE if value is None or value == "None" else str(value)
 
 
 def ms(value_ms: float | None) -> str:

@@ -21,7 +21,8 @@ def incident_rows(report: RunReport) -> list[tuple[str, str]]:
         else seen.get("mamba_cache_mode")
     profile = inc.get("profile") or {}
     rows = [
-        ("profile", f"{profile.get('name')} ({profile.get('source')}, sha256 {str(profile.get('sha256'))[:12]})"
+        ("profile", f"{fmt.word(profile.get('name'))} ({fmt.word(profile.get('source'))}, sha256 "
+                    f"{str(profile.get('sha256') or 'unknown')[:12]})"
          if profile else "none"),
         ("server version", str(server.get("version") or "unknown")),
         ("server commit", f"{server.get('commit') or 'unknown'} ({server.get('commit_source') or 'no source'})"),
@@ -32,17 +33,18 @@ def incident_rows(report: RunReport) -> list[tuple[str, str]]:
             else "")),
         ("speculative method", str(spec.get("method") or "unknown")),
         ("drafter", str(spec.get("drafter") or "unknown")),
-        ("speculative tokens", str(spec.get("num_speculative_tokens", "unknown"))),
+        ("speculative tokens", fmt.word(spec.get("num_speculative_tokens", "unknown"))),
         ("block size", str(block or "unknown")),
         ("mamba cache mode", str(mamba or ("n/a" if seen or cache.get("labels") else "unknown"))),
         ("cache reuse forced off", ("yes" if reuse.get("forced_off") else "no")
          + (f" ({reuse.get('decided_by')})" if reuse.get("decided_by") else "")),
         ("launch command", inc.get("launch_command") or "attached (not launched by hitproof)"),
         ("environment", fmt.kv(inc.get("env")) or "none recorded"),
-        ("overlays", "; ".join(f"{o.get('path')} sha256 {o.get('sha256')}" for o in inc.get("overlays") or [])
+        ("overlays", "; ".join(f"{fmt.word(o.get('path'))} sha256 {fmt.word(o.get('sha256'))}"
+                               for o in inc.get("overlays") or [] if isinstance(o, dict))
          or "none"),
         ("sampling", fmt.kv(inc.get("sampling")) or "default"),
-        ("seed", f"{inc.get('seed')} (scenario text seed {inc.get('scenario_seed')})"),
+        ("seed", f"{fmt.word(inc.get('seed'))} (scenario text seed {fmt.word(inc.get('scenario_seed'))})"),
         ("hitproof", str(inc.get("hitproof_version") or "unknown")),
     ]
     if (inc.get("probe") or {}).get("probe_error"):

@@ -53,14 +53,15 @@ def _server_and_run(report: RunReport) -> list[str]:
     if target.get("env"):
         rows.append(["environment", fmt.kv(target["env"])])
     if header is not None:
-        rows += [["scenario", f"{header.scenario.get('name')} ({header.scenario.get('source')}, sha256 "
-                              f"{str(header.scenario.get('sha256') or '')[:12]})"],
+        scen, tool = header.scenario or {}, header.tool or {}
+        rows += [["scenario", f"{fmt.word(scen.get('name'))} ({fmt.word(scen.get('source'))}, sha256 "
+                              f"{str(scen.get('sha256') or 'unknown')[:12]})"],
                  ["seed", facts.settings(report).get("seed")],
                  ["sampling", fmt.kv(facts.sampling(report)) or "default"],
                  ["cache reuse forced off", "yes" if target.get("cache_reuse_forced_off") else "no"],
-                 ["run", f"{header.run_id}, started {header.started_at}"],
-                 ["hitproof", f"{header.tool.get('version')} (python {header.tool.get('python')})"],
-                 ["command", " ".join(header.tool.get("argv") or [])]]
+                 ["run", f"{header.run_id or 'unknown'}, started {header.started_at or 'unknown'}"],
+                 ["hitproof", f"{fmt.word(tool.get('version'))} (python {fmt.word(tool.get('python'))})"],
+                 ["command", " ".join(str(a) for a in tool.get("argv") or [] if a is not None) or "unknown"]]
     return ["### Server and run", ""] + _table(["", ""], rows) + [""]
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from ... import __version__
 from ..config.errors import ServerProblem
+from ..config.redact import REDACTED, redact_argv
 from .client import OpenAIClient
 from .discovery import discover
 
@@ -96,7 +97,7 @@ async def build_incident(*, url: str, argv: list[str] | None, env_of_interest: d
         "speculative": _speculative(flags, facts),
         "cache_config": _cache_labels(cache_config, flags),
         "cache_reuse": _cache_reuse(flags, cache_config, facts),
-        "launch_command": " ".join(_quote(a) for a in argv) if argv else None,
+        "launch_command": " ".join(a if REDACTED in a else _quote(a) for a in redact_argv(argv)) if argv else None,
         "env": env_of_interest,
         "overlays": overlays,
         "sampling": sampling,

@@ -97,6 +97,7 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         on_line: Callable[[str], None] | None = None,
+        on_line_error: Callable[[Exception, str], None] | None = None,
         keep_lines: int = 400,
     ) -> None:
         self.argv = list(argv)
@@ -105,6 +106,11 @@ class ServerProcess:
         self.env = env
         self.cwd = cwd
         self.on_line = on_line
+        # on_line raising is never dropped: the first error (and the line) goes to on_line_error and
+        # stays in line_error; the tail goes on (a pipe nobody drains would stall the server)
+        self.on_line_error = on_line_error
+        self.line_error: tuple[Exception, str] | None = None
+        self.line_errors = 0
         self.pid: int | None = None
         self.recent_lines: collections.deque[str] = collections.deque(maxlen=keep_lines)
         self.exited = asyncio.Event()
@@ -159,8 +165,12 @@ class ServerProcess:
         if self.on_line is not None:
             try:
                 self.on_line(line)
-            except Exception:  # a broken display callback must not stop the tail
-                pass
+            except Exception as exc:  # must not stop the tail, must not be lost either
+                self.line_errors += 1
+                if self.line_error is None:
+                    self.line_error = (exc, line)
+                    if self.on_line_error is not None:
+                        self.on_line_error(exc, line)
 
     async def _watch_exit(self) -> None:
         # Poll returncode instead of awaiting proc.wait(): since Python 3.12, wait()

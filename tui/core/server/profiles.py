@@ -13,7 +13,8 @@
 
 ``{port}`` in command and url becomes a port that was free a moment before the launch (a matrix
 never collides), ``{python}`` the interpreter running hitproof, ``{profile_dir}`` the folder of
-the profile file. ``~`` at the start of a word of
+the profile file; ``{llama_server}``, ``{models}`` and ``{chat_template}`` (the embedded Gemma chat
+template, package data of every install) come from the embedded engines. ``~`` at the start of a word of
 the command (or after ``=`` in ``--flag=~/x`` or ``name=~/x``) and in env values is the home directory. Overlay
 paths are relative to the profile file; each must exist and its sha256 goes in the run header.
 Errors name file, line and key, like scenario errors.
@@ -38,7 +39,7 @@ __all__ = ["DEFAULT_STARTUP_TIMEOUT", "LaunchPlan", "Profile", "adhoc_plan", "en
 
 DEFAULT_STARTUP_TIMEOUT = 600.0   # long enough for a first model load
 # placeholders whose values come from the embedded engines (tui.embedded), handed in by the caller
-EMBEDDED_PLACEHOLDERS = ("llama_server", "models")
+EMBEDDED_PLACEHOLDERS = ("llama_server", "models", "chat_template")
 Placeholders = Mapping[str, Callable[[], str]]
 _KEYS = ("name", "description", "command", "url", "env", "startup_timeout", "overlays", "facts")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -74,7 +75,7 @@ class Profile:
 
     def plan(self, port: int | None = None, placeholders: Placeholders | None = None) -> "LaunchPlan":
         """The concrete launch: {port} filled (a free port if none given), ~ expanded, env merged.
-        `placeholders` give the values of {llama_server} and {models} (the embedded engines know
+        `placeholders` give the values of {llama_server}, {models} and {chat_template} (the embedded engines know
         them; the core does not), each called only if the profile uses it."""
         if port is None and ("{port}" in self.command or "{port}" in self.url):
             from .launch import free_port
@@ -190,7 +191,7 @@ def _url(data: dict, command: str, source: str, fail) -> str:
         if placeholder not in ("port", "python", "profile_dir", *EMBEDDED_PLACEHOLDERS):
             raise fail("command" if placeholder in in_command else "url",
                        f"unknown placeholder {{{placeholder}}} (known: {{port}}, {{python}}, {{profile_dir}}, "
-                       f"{{llama_server}}, {{models}})")
+                       f"{{llama_server}}, {{models}}, {{chat_template}})")
     return url
 
 

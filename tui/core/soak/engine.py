@@ -5,27 +5,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-import datetime as dt
-import hashlib
-import platform
 import random
-import secrets
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ... import __version__
 from ..server.client import OpenAIClient
 from ..config.errors import EXIT_INTERRUPTED, EXIT_SERVER, HitproofError, ServerProblem
 from .isolation import IsolationResult, isolate, why_not_isolated
 from ..log.events import (CheckpointSeen, Event, EventBus, Finding, MetricsSample, PhaseFinished, PhaseStarted,
-                          PowerJudged, RunFinished, RunHeader, ServerInfo)
+                          PowerJudged, RunFinished, ServerInfo)
 from ..evidence.codes import CodeBook, Registry, new_nonce
 from ..server.discovery import CACHE_REPORT_FIX, discover, probe_cache_report, scrape
 from ..server.metrics import MetricSnapshot, block_size, compact
 from .phases import PHASES
 from ..report.power import EvidenceTally, hits_needed, target_sentence, upper_bound
 from .context import SoakContext
+from .header import run_header
 from .requester import Requester
 from .state import PhaseState
 from ..config.scenario import Scenario
@@ -90,6 +86,8 @@ class SoakEngine:
         self.tally = EvidenceTally()
         self._running: PhaseState | None = None
         self._pending = {"fail": 0, "warn": 0, "info": 0}      # findings before the first phase started
+        self._stop = asyncio.Event()     # stop_with: the soak ends now with that error
+        self._stop_error: HitproofError | None = None
         bus.subscribe(self._watch)
 
     def _watch(self, event: Event) -> None:
@@ -136,6 +134,13 @@ class SoakEngine:
         """The name of the phase running now ("" between phases)."""
         return self._running.name if self._running is not None else ""
 
+    def stop_with(self, error: HitproofError) -> None:
+        """End the soak at once with this error (its line and exit code), e.g. a log that can no longer
+        be written. The first call wins."""
+        if self._stop_error is None:
+            self._stop_error = error
+            self._stop.set()
+
     async def aclose(self) -> None:
         await self.client.aclose()
 
@@ -148,17 +153,20 @@ class SoakEngine:
     # --- the run ------------------------------------------------------------------------
 
     async def run(self) -> Outcome:
-        self.emit(self._header())
+        self.emit(run_header(self.scenario, self.target, self.nonce, self.argv))
         work = asyncio.create_task(self._run_phases(), name="soak")
         watchers = [work]
         try:
             if self.target.exited is not None:
                 watchers.append(asyncio.create_task(self.target.exited.wait(), name="server-exit"))
             watchers.append(asyncio.create_task(self.restarts.seen.wait(), name="server-restart"))
+            watchers.append(asyncio.create_task(self._stop.wait(), name="stop"))
             done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
             if work not in done:
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
+                if self._stop_error is not None:
+                    raise self._stop_error
                 raise ServerProblem(self.restarts.message or "the server process exited during the soak")
             for other in watchers[1:]:
                 other.cancel()
@@ -356,34 +364,3 @@ class SoakEngine:
             await self.scrape()
 
     # --- header ---------------------------------------------------------------------------
-
-    def _header(self) -> RunHeader:
-        s = self.scenario
-        return RunHeader(
-            run_id=f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}",
-            nonce=self.nonce,
-            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            tool={"name": "hitproof", "version": __version__, "python": platform.python_version(),
-                  "argv": list(self.argv)},
-            scenario={"name": s.name, "source": s.source,
-                      "sha256": hashlib.sha256(s.text.encode()).hexdigest() if s.text else None,
-                      "settings": s.to_dict(), "text": s.text},
-            target=self._target_header(),
-        )
-
-    def _target_header(self) -> dict[str, Any]:
-        s, t = self.scenario, self.target
-        incident = dict(t.incident)
-        reuse = incident.get("cache_reuse") or {}
-        if incident:
-            incident.setdefault("sampling", {"temperature": s.sampling.temperature, "seed": s.sampling.seed})
-            incident.setdefault("hitproof_version", __version__)
-        return {"url": t.url, "engine": t.engine,
-                "launch_command": t.launch_command,
-                "env": t.env_of_interest,
-                "sampling": {"temperature": s.sampling.temperature, "seed": s.sampling.seed},
-                "cache_reuse_forced_off": bool(reuse.get("forced_off", False)),
-                "cache_reuse_decided_by": reuse.get("decided_by"),
-                "profile": incident.get("profile"),
-                "overlays": incident.get("overlays") or [],
-                "incident": incident}

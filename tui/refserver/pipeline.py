@@ -76,7 +76,7 @@ class Pipeline:
                 f"This model's maximum context length is {self.config.max_model_len} tokens. "
                 f"However, your prompt has {len(prompt)} tokens.")
         hashes = self.cache.hashes([t.id for t in prompt], salt)
-        blocks = self.cache.lookup(hashes, len(prompt))
+        blocks = self.cache.lookup(hashes, len(prompt)) if self.config.prefix_caching else []
         cached = len(blocks) * self.config.block_size
         restored: list[Token] = []
         if blocks:

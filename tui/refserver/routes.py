@@ -29,6 +29,13 @@ def _error(message: str, status: int = 400, param: str | None = None) -> web.Res
     return web.json_response(shapes.error_body(message, status, param), status=status)
 
 
+def _sibling(asked: object, served: str) -> bool:
+    if not isinstance(asked, str) or "@" not in served:
+        return False
+    base = served.rsplit("@", 1)[0]
+    return asked == base or asked.rsplit("@", 1)[0] == base
+
+
 async def health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
@@ -81,7 +88,8 @@ async def _generate(request: web.Request, parse) -> web.StreamResponse:
     try:
         body = load_json(await request.read())
         wanted = pipeline.config.model_name
-        if body.get("model") not in (None, wanted):
+        # a replica serving as NAME@i (tui/refserver/replicas.py) answers for NAME and its siblings
+        if body.get("model") not in (None, wanted) and not _sibling(body.get("model"), wanted):
             return _error(f"The model `{body.get('model')}` does not exist.", 404, "model")
         params: Params = parse(body)
         rid = ("chatcmpl-" if params.chat else "cmpl-") + uuid.uuid4().hex

@@ -5,16 +5,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-import datetime as dt
-import hashlib
-import platform
 import random
-import secrets
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
-from ... import __version__
 from ..server.client import OpenAIClient
 from ..config.errors import EXIT_INTERRUPTED, EXIT_SERVER, HitproofError, ServerProblem
 from .isolation import IsolationResult, isolate, why_not_isolated
@@ -32,6 +27,8 @@ from ..config.scenario import Scenario
 from ..evidence.tokens import TokenCounter
 from ..checks.verdicts import exit_code, run_verdict
 from ..server.restarts import RestartWatch
+from .cluster import ClusterView
+from .header import run_header
 
 DEFAULT_GRID = 16
 
@@ -52,6 +49,12 @@ class Target:
     # The incident record (tui.core.server.incident.build_incident): version, commit, model, quantization,
     # speculative decoding, cache config, cache reuse, overlays, env ... ; goes in the header.
     incident: dict[str, Any] = field(default_factory=dict)
+    # Behind a router (url is the router's): the replicas' own URLs, the router's metrics endpoint,
+    # and, when hitproof launched them, how to restart replica i and the folder their slots are saved in.
+    replicas: list[str] = field(default_factory=list)
+    router_metrics: str | None = None
+    restart_replica: Callable[[int], Awaitable[None]] | None = None
+    slot_dir: str | None = None
 
 
 @dataclass
@@ -90,17 +93,23 @@ class SoakEngine:
         self.tally = EvidenceTally()
         self._running: PhaseState | None = None
         self._pending = {"fail": 0, "warn": 0, "info": 0}      # findings before the first phase started
+        self.cluster = (ClusterView(list(target.replicas), router_metrics=target.router_metrics,
+                                    timeout=scenario.request_timeout, restarts=self.restarts,
+                                    restart=target.restart_replica) if target.replicas else None)
         bus.subscribe(self._watch)
 
     def _watch(self, event: Event) -> None:
         """Every event on the bus: the tally, checkpoint lines, and each finding counted where it belongs
         (whoever emitted it: a phase, the judge, or the launched server's log relay)."""
         self.tally.feed(event)
+        if self.cluster is not None:
+            self.cluster.tally.feed(event)
         if isinstance(event, CheckpointSeen):
             self.checkpoints.append((time.monotonic(), event))
         elif isinstance(event, Finding):
             self.findings.append(event)
             self._count(event)
+
 
     def _count(self, finding: Finding) -> None:
         """A finding counts in the phase that is running; one before the first phase or between phases
@@ -138,6 +147,8 @@ class SoakEngine:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        if self.cluster is not None:
+            await self.cluster.aclose()
 
     async def isolate(self, finding: Finding) -> IsolationResult | None:
         """Re-send a flagged request alone, k times as hits and k times cold (k from the scenario)."""
@@ -218,13 +229,18 @@ class SoakEngine:
 
     async def _run_phases(self) -> Outcome:
         info = await self._discover()
+        tokenizer = self.cluster.set.clients[0] if self.cluster else self.client
         counter = TokenCounter(
-            (lambda text: self.client.tokenize(text, info.model)) if info.tokenizer == "server" else None)
+            (lambda text: tokenizer.tokenize(text, info.model)) if info.tokenizer == "server" else None)
         requester = self.requester = Requester(SoakContext(
             scenario=self.scenario, server=info, client=self.client, emit=self.emit, nonce=self.nonce,
             codes=self.codes, registry=self.registry, gate=self.gate, scrape=lambda: self.scrape(record=False),
             checkpoints_since=self.checkpoints_since, checkpoints_seen=lambda: bool(self.checkpoints),
-            tally=self.tally, metrics_available=self.metrics_available), counter)
+            tally=self.tally, metrics_available=self.metrics_available,
+            replicas=self.cluster.set if self.cluster else None,
+            replica_scrape=self.cluster.scrape if self.cluster else None,
+            restart_replica=self.cluster.restart if self.cluster and self.cluster.can_restart else None,
+            slot_dir=self.target.slot_dir), counter)
         fix = info.cached_fix if info.cached_report != "request" else ""
         sampler = asyncio.create_task(self._sample_metrics(), name="metrics") if self.metrics_available else None
         try:
@@ -248,9 +264,10 @@ class SoakEngine:
         if self.isolate_findings:
             await self._isolate_flagged()
         power = self._judge_power()
+        routing = self.emit(self.cluster.judge()) if self.cluster is not None else None
         statuses = [s.status()[0] for s in self.phase_states]
         fails = sum(s.fail_findings for s in self.phase_states)
-        verdict = run_verdict(statuses, fails, power is None or power.reached)
+        verdict = run_verdict(statuses, fails, (power is None or power.reached) and (routing is None or routing.routing_ok))
         message = {"pass": "every phase passed", "fail": f"{fails} fail-class finding(s)",
                    "inconclusive": "nothing failed, but some phase proved nothing"}[verdict]
         if power is not None and verdict != "fail":
@@ -258,6 +275,9 @@ class SoakEngine:
                 message = f"every phase passed; {power.sentence}"
             else:
                 message = f"{message}; {power.sentence}" if "inconclusive" in statuses else power.sentence
+        if routing is not None and not routing.routing_ok and verdict != "fail":
+            message = routing.detail if verdict == "inconclusive" and message.startswith("every phase") else \
+                f"{message}; {routing.detail}"
         self.emit(RunFinished(verdict=verdict, exit_code=exit_code(verdict), message=message))
         return Outcome(verdict, exit_code(verdict), message)
 
@@ -311,6 +331,10 @@ class SoakEngine:
     async def _discover(self) -> ServerInfo:
         found = await discover(self.client, dialect=self.target.dialect)
         models = found.model_ids
+        if self.cluster is not None:      # a router's own answers are not a server's: ask replica 0
+            found = await self.cluster.discover(self.target.dialect)
+            found.metrics = await self.cluster.combined()
+            models = [m for m in models if m and m != "unknown"] or found.model_ids
         model = self.scenario.model or (models[0] if models else "")
         dialect = self.client.dialect = found.dialect
         snapshot = found.metrics
@@ -322,7 +346,8 @@ class SoakEngine:
             grid, grid_source = server_grid, "server"
         else:
             grid, grid_source = DEFAULT_GRID, "default"
-        tokenizer = "server" if await self.client.tokenize("hitproof", model) is not None else "estimate"
+        tokenizer_client = self.cluster.set.clients[0] if self.cluster else self.client
+        tokenizer = "server" if await tokenizer_client.tokenize("hitproof", model) is not None else "estimate"
         facts = dict(self.target.facts)
         version = found.version
         if dialect == "llamacpp" and found.props is not None:
@@ -330,21 +355,26 @@ class SoakEngine:
             version = version or found.props.get("build_info")
         report, counter, queries = await probe_cache_report(self.client, self.scenario.api, model, self.nonce,
                                                             snapshot if self.metrics_available else None)
+        replicas = {}
+        if self.cluster is not None:
+            await self.cluster.probe(self.client, self.scenario.api, model, self.nonce)
+            replicas = {"replicas": self.cluster.server_facts(), "replica_attribution": self.cluster.method}
         info = ServerInfo(
             url=self.target.url, dialect=dialect, version=version, models=models, model=model,
             cache_config=found.cache_config, grid=grid, grid_source=grid_source, tokenizer=tokenizer,
             metrics_available=self.metrics_available,
             salts="cache_prompt=false" if dialect == "llamacpp" else "cache_salt", facts=facts,
             cached_report=report, cached_counter=counter, cached_queries=queries,
-            cached_fix=CACHE_REPORT_FIX.get(dialect, CACHE_REPORT_FIX["openai"]))
+            cached_fix=CACHE_REPORT_FIX.get(dialect, CACHE_REPORT_FIX["openai"]), **replicas)
         self.emit(info)
         return info
 
     # --- metrics ------------------------------------------------------------------------
 
     async def scrape(self, record: bool = True) -> MetricSnapshot | None:
-        snapshot = await scrape(self.client)
-        if snapshot is not None and self.restarts.observe(snapshot):   # counters went back: another server now
+        """The server's metrics (behind a router: every replica's, summed), watched for restarts."""
+        snapshot = await self.cluster.combined() if self.cluster is not None else await scrape(self.client)
+        if self.cluster is None and snapshot is not None and self.restarts.observe(snapshot):   # counters went back
             raise ServerProblem(self.restarts.message)
         if record and snapshot is not None and snapshot.error is None and snapshot.values:
             self.emit(MetricsSample(values=compact(snapshot)))
@@ -355,35 +385,5 @@ class SoakEngine:
             await asyncio.sleep(self.metrics_interval)
             await self.scrape()
 
-    # --- header ---------------------------------------------------------------------------
-
     def _header(self) -> RunHeader:
-        s = self.scenario
-        return RunHeader(
-            run_id=f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}",
-            nonce=self.nonce,
-            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            tool={"name": "hitproof", "version": __version__, "python": platform.python_version(),
-                  "argv": list(self.argv)},
-            scenario={"name": s.name, "source": s.source,
-                      "sha256": hashlib.sha256(s.text.encode()).hexdigest() if s.text else None,
-                      "settings": s.to_dict(), "text": s.text},
-            target=self._target_header(),
-        )
-
-    def _target_header(self) -> dict[str, Any]:
-        s, t = self.scenario, self.target
-        incident = dict(t.incident)
-        reuse = incident.get("cache_reuse") or {}
-        if incident:
-            incident.setdefault("sampling", {"temperature": s.sampling.temperature, "seed": s.sampling.seed})
-            incident.setdefault("hitproof_version", __version__)
-        return {"url": t.url, "engine": t.engine,
-                "launch_command": t.launch_command,
-                "env": t.env_of_interest,
-                "sampling": {"temperature": s.sampling.temperature, "seed": s.sampling.seed},
-                "cache_reuse_forced_off": bool(reuse.get("forced_off", False)),
-                "cache_reuse_decided_by": reuse.get("decided_by"),
-                "profile": incident.get("profile"),
-                "overlays": incident.get("overlays") or [],
-                "incident": incident}
+        return run_header(self.scenario, self.target, self.nonce, self.argv)

@@ -53,7 +53,7 @@ def launch_spec(engine: str, *, port: int, model: str = "gemma3-270m", lora: boo
 
 
 def placeholders() -> dict[str, Callable[[], str]]:
-    """Values of the launch profiles' {llama_server} and {models} (tui.core.server.profiles)."""
+    """Values of the launch profiles' {llama_server}, {models} and {router_python} (tui.core.server.profiles)."""
     from ..core.config.errors import BadInput
     from .common import cache_dir, read_info
 
@@ -64,4 +64,13 @@ def placeholders() -> dict[str, Callable[[], str]]:
                              "llamacpp`")
         return str(binary)
 
-    return {"llama_server": llama_server, "models": lambda: str(cache_dir() / "models")}
+    def router_python() -> str:
+        from .router import router_python as python
+
+        path = python()
+        if path is None:
+            raise BadInput("{router_python}: the routers are not set up: run `hitproof setup --engine router`")
+        return str(path)
+
+    return {"llama_server": llama_server, "models": lambda: str(cache_dir() / "models"),
+            "router_python": router_python}

@@ -207,7 +207,7 @@ class SoakEngine:
         code = info.get("exit_code")
         lines = [line for line in info.get("last_lines") or [] if line.strip()]
         how = "was killed by signal %d" % -code if isinstance(code, int) and code < 0 else f"exited with code {code}"
-        message = f"the server process {how} during the soak"
+        message = f"{info.get('process') or 'the server process'} {how} during the soak"
         if lines:
             message += f"; last output: {lines[-1].strip()[:300]}"
         return message, {"exit_code": code, "last_lines": lines[-20:]}

@@ -65,6 +65,7 @@ class Requester:
                                 if self.replicas is not None and server.replica_attribution == "counter"
                                 and ctx.replica_scrape is not None else None)
         self._served_memos: dict[int, set[str]] = {}          # replica -> memo ids it has served
+        self.in_flight = 0                 # requests streaming right now (any arm)
         # A prompt with no run nonce (a user's captured conversation): a cache that matches token by
         # token (llama.cpp, SGLang) still shares a template's first tokens with whatever it held.
         self.fallback_tolerance = 8 if server.dialect in ("llamacpp", "sglang") else 0
@@ -172,8 +173,8 @@ class Requester:
                    expect: str = "any", arm: str = "main", of_request: int | None = None,
                    judges: Iterable[str] = ALL_JUDGES, control: bool = True, replica: int | None = None) -> Record:
         """Send, check, judge. `control=False`: the phase runs its own control arm and judges
-        hit-path problems itself (foreign codes, wrong tasks and cold checks are still judged here).
-        `replica`: send to that replica directly instead of through the router.
+        hit-path problems and fingerprints itself (foreign codes, wrong tasks and cold checks are still
+        judged here). `replica`: send to that replica directly instead of through the router.
 
         Behind a router, a request meant to hit that lands on a replica which never served its memo
         is a routing miss, not a cache miss: it is sent again (as a new request, judged as usual)
@@ -207,6 +208,8 @@ class Requester:
         tolerance = await self.cold_tolerance(spec)
         sent_at = time.monotonic()
         window = await self.windows.enter() if self.windows is not None else None
+        others = self.in_flight
+        self.in_flight += 1
         direct = replica is not None and self.replicas is not None
         rwindow = await self.replica_windows.enter() if self.replica_windows is not None and not direct else None
         client = self.replicas.clients[replica] if direct else self.ctx.client
@@ -219,6 +222,8 @@ class Requester:
         except BaseException:
             self._abandon(window, rwindow)
             raise
+        finally:
+            self.in_flight -= 1
         served = await self._served(completion, rwindow, index, replica if direct else None)
         if completion.cached_tokens is not None:
             proof = CacheProof.reported(completion.cached_tokens)
@@ -246,7 +251,7 @@ class Requester:
         if reprocessed and not cached:
             found["checkpoint"] = {"full_reprocess": reprocessed[0].line}
         record = Record(index, state.name, task, spec, memo, slot, round, turn, completion, found, proof, tolerance,
-                        served.replica, served.source)
+                        concurrent=others, replica=served.replica, replica_source=served.source)
         self._note_replica(record)
         emit(RequestFinished(request=index, phase=state.name, slot=slot, round=round, text=completion.text,
                              prompt_tokens=completion.prompt_tokens, cached_tokens=cached,
@@ -309,8 +314,10 @@ class Requester:
                 offset: int | None = None, detail: str = "", **evidence: Any) -> None:
         """Emit a finding (the engine counts it in the running phase); a flagged request's record is
         kept for the whole run, for isolation."""
-        if record is not None and severity in ("fail", "warn"):
-            self._flagged[record.request] = record
+        if record is not None:
+            record.findings.append((kind, severity))
+            if severity in ("fail", "warn"):
+                self._flagged[record.request] = record
         self.emit(Finding(
             kind=kind, severity=severity, phase=state.name,
             slot=record.slot if record else None, round=record.round if record else None,

@@ -127,6 +127,8 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
                               f"({phase['ttft_cut_pct']}% cut)"))
         if name == "determinism" and phase.get("determinism"):
             lines.append(Text(f"  {facts.determinism_line(report)}"))
+        if name == "restore":
+            lines += [Text(f"  {line}") for line in facts.restore_lines(report)]
     replicas = replica_lines(report.replicas)
     if replicas:
         lines.append(Text("\n".join(replicas)))

@@ -82,7 +82,7 @@ def _phases(report: RunReport) -> list[str]:
 
 
 def _timing(report: RunReport) -> list[str]:
-    timing = facts.ttft_lines(report) + [x for x in [facts.determinism_line(report)] if x]
+    timing = facts.ttft_lines(report) + [x for x in [facts.determinism_line(report)] if x] + facts.restore_lines(report)
     return ["### Timing and determinism", ""] + [f"- {t}" for t in timing] + [""] if timing else []
 
 

@@ -35,6 +35,7 @@ class ClusterView:
         self.main = restarts            # the engine's watch: a replica's restart ends the soak through it
         self._restart = restart
         self.method = ""                # model | header | counter | none
+        self._restarting: set[int] = set()  # replicas being restarted on purpose: their counters go back
         self.words = ""
 
     @property
@@ -58,6 +59,8 @@ class ClusterView:
         restart on its own, and one ends the soak naming it."""
         snapshot = await self.set.scrape()
         for index, snap in snapshot.replicas.items():
+            if index in self._restarting:
+                continue
             why = self.watches[index].observe(snap)
             if why is not None:
                 self.main.flag(f"{self.set.label(index)}: {why}")
@@ -71,8 +74,12 @@ class ClusterView:
         """Restart replica `index` on purpose (its counters start again from zero: not a restart to report)."""
         if self._restart is None:
             raise ServerProblem(f"{self.set.label(index)} cannot be restarted: hitproof did not launch it")
-        await self._restart(index)
-        self.watches[index] = RestartWatch()
+        self._restarting.add(index)
+        try:
+            await self._restart(index)
+        finally:
+            self.watches[index] = RestartWatch()
+            self._restarting.discard(index)
 
     async def probe(self, client: OpenAIClient, api: str, model: str, nonce: str) -> str:
         """One tiny request alone through the router: the replica whose counters moved served it, and

@@ -290,7 +290,7 @@ class Requester:
     def _note_replica(self, record: Record) -> None:
         if self.replicas is None:
             return
-        if record.replica is None or record.memo is None:
+        if record.replica is None or record.memo is None or record.replica_source == "direct":
             return
         served = self._served_memos.setdefault(record.replica, set())
         record.routed_away = not record.hit and record.memo.memo_id not in served and any(
@@ -311,9 +311,9 @@ class Requester:
             await asyncio.sleep(0.01)
 
     def finding(self, state: PhaseState, kind: str, severity: str, record: Record | None = None, *,
-                offset: int | None = None, detail: str = "", **evidence: Any) -> None:
+                offset: int | None = None, detail: str = "", replica: int | None = None, **evidence: Any) -> None:
         """Emit a finding (the engine counts it in the running phase); a flagged request's record is
-        kept for the whole run, for isolation."""
+        kept for the whole run, for isolation. It names the replica that served the record (or `replica`)."""
         if record is not None:
             record.findings.append((kind, severity))
             if severity in ("fail", "warn"):
@@ -323,7 +323,7 @@ class Requester:
             slot=record.slot if record else None, round=record.round if record else None,
             request=record.request if record else None, offset=offset, detail=detail,
             memo=record.memo.memo_id if record and record.memo else None, evidence=evidence,
-            replica=record.replica if record else None))
+            replica=record.replica if record is not None and record.replica is not None else replica))
 
     # --- what phases may ask of the run -----------------------------------------------------------
 

@@ -25,8 +25,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from ...checks import detectors as checks
 from ...checks.answers import hit_path_problems
 from ...evidence.text import recall_suffix
+from ...config.errors import ServerProblem
 from ...server.slots import SlotClient, SlotError
 
 TITLE = "restore (slot state moved)"
@@ -148,8 +150,8 @@ async def _damaged(rq, state, memo, cont, target: int, clean: int, folder: Path,
     try:
         restored = await _slot(replicas, target, "restore", r.damaged_slot, bad)
     except SlotError as exc:
-        if not exc.refused:
-            raise                        # the server died: the soak ends naming the replica
+        if not exc.refused:              # the server died: the soak ends naming the replica
+            raise ServerProblem(f"{where} did not answer the restore of a {kind} slot file: {exc}") from None
         row["outcome"] = "refused"
         rq.finding(state, "restore_damaged", "info", detail=f"a {kind} slot file was refused by {where}: {exc}",
                    damage=kind, outcome="refused", replica=target)
@@ -161,22 +163,18 @@ async def _damaged(rq, state, memo, cont, target: int, clean: int, folder: Path,
     for spec, owner in specs:
         spec = dataclasses.replace(spec, slot_id=r.damaged_slot)
         record = await rq.send(state, spec, task="recall", memo=owner, expect="any", replica=target, control=False)
-        problems = hit_path_problems(record.checks)
-        if not problems:
-            continue
         control = await rq.send(state, dataclasses.replace(spec, salt=rq.fresh_salt(), slot_id=None), task="recall",
                                 memo=owner, expect="cold", arm="control", of_request=record.request, replica=clean)
-        control_kinds = {k for k, _, _ in hit_path_problems(control.checks)}
-        for problem, offset, detail in problems:
-            if problem in control_kinds:
-                rq.finding(state, problem, "info", record, offset=offset, detail=f"{detail}; the cold control "
-                           f"(request {control.request}) fails the same way: the model, not the restore")
-            else:
-                wrong.append(record.request)
-                rq.finding(state, "bad_restore", "fail", record, offset=offset,
-                           detail=f"after a {kind} slot file was accepted by {where}: {detail}, while the cold "
-                                  f"control (request {control.request}) is right", damage=kind, problem=problem,
-                           control_request=control.request, cached_tokens=record.cached)
+        for problem, offset, detail in _against_cold(rq, record, control):
+            if problem is None:
+                rq.finding(state, "restore_damaged", "info", record, offset=offset, detail=f"{detail}; after a "
+                           f"{kind} slot file was accepted by {where}", damage=kind)
+                continue
+            wrong.append(record.request)
+            rq.finding(state, "bad_restore", "fail", record, offset=offset,
+                       detail=f"after a {kind} slot file was accepted by {where}: {detail}, while the cold "
+                              f"control (request {control.request}, on {replicas.label(clean)}) is right",
+                       damage=kind, problem=problem, control_request=control.request, cached_tokens=record.cached)
     row["outcome"] = "accepted, answered wrong" if wrong else "accepted, later requests correct"
     if not wrong:
         rq.finding(state, "restore_damaged", "info", detail=f"a {kind} slot file was accepted by {where} "
@@ -187,3 +185,26 @@ async def _damaged(rq, state, memo, cont, target: int, clean: int, folder: Path,
     except SlotError:
         pass
     return True
+
+
+def _against_cold(rq, record, control) -> list[tuple[str | None, int | None, str]]:
+    """What is wrong with `record` where its cold control on a clean replica is right: (problem, offset,
+    detail); problem None for what is the model's (or numerics), not the restore's."""
+    out: list[tuple[str | None, int | None, str]] = []
+    control_kinds = {k for k, _, _ in hit_path_problems(control.checks)}
+    for problem, offset, detail in hit_path_problems(record.checks):
+        if problem in control_kinds:
+            out.append((None, offset, f"{detail}; the cold control fails the same way: the model, not the restore"))
+        else:
+            out.append((problem, offset, detail))
+    e = rq.scenario.evidence
+    if e.fingerprints and record.completion.logprobs and control.completion.logprobs and control.cold:
+        match = checks.fingerprint_match(record.completion.logprobs, control.completion.logprobs, e.fingerprint_tokens)
+        if not match.matches(e.fingerprint_tolerance):
+            flip = checks.compare_logprobs(control.completion.logprobs, record.completion.logprobs)
+            if flip.token is not None and flip.near_tie(e.fingerprint_tolerance):
+                out.append((None, None, f"a near-tied token flips at output token {flip.token}: numerics"))
+            else:
+                out.append(("fingerprint_mismatch", None, f"its greedy tokens and log-probabilities are off the cold "
+                            f"control's ({match.agreeing} tokens agree, distance {match.distance:.4f})"))
+    return out

@@ -205,3 +205,28 @@ async def test_a_replica_that_does_not_answer_is_one_line_naming_it(tmp_path):
                                     "--no-record")
     assert result.code == 3, result.out + result.err
     assert "replica r1" in result.out + result.err and "Traceback" not in result.err
+
+
+async def test_a_router_that_could_not_send_to_a_worker_is_asked_again_naming_the_replica(tmp_path):
+    async with await start_replicas(2, decode_ms_per_token=0) as cluster:
+        proxy = await CorruptingProxy(cluster.url, "send_failed_once", after=5, names=cluster.replica_urls[1]).start()
+        try:
+            result, report = await soak(proxy.url, cluster.replica_urls, tmp_path,
+                                        scenario_path=str(scenario(tmp_path, SMALL)))
+        finally:
+            await proxy.close()
+    assert result.code == 0, result.out + result.err
+    sent = [f for f in report["findings"] if f["kind"] == "router_send_failed"]
+    assert len(sent) == 1 and sent[0]["severity"] == "info" and sent[0]["replica"] == 1, sent
+
+
+async def test_a_worker_error_through_the_router_still_ends_the_soak(tmp_path):
+    async with await start_replicas(2, decode_ms_per_token=0) as cluster:
+        proxy = await CorruptingProxy(cluster.url, "http500", after=5).start()
+        try:
+            result, report = await soak(proxy.url, cluster.replica_urls, tmp_path,
+                                        scenario_path=str(scenario(tmp_path, SMALL)))
+        finally:
+            await proxy.close()
+    assert result.code == 3, result.out + result.err
+    assert not [f for f in report["findings"] if f["kind"] == "router_send_failed"]

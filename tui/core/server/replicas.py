@@ -47,6 +47,9 @@ REQUESTED = ("vllm:request_success_total", "sglang:num_requests_total")
 ROUTER_WORKER_COUNTERS = (("vllm_router_processed_requests_total", None),
                           ("smg_worker_cb_outcomes_total", ("outcome", "success")))
 ROUTER_WORKER_HEALTH = ("vllm_router_worker_health", "smg_worker_health")
+# What vllm-router (reqwest) answers, as HTTP 500, when it could not send a request to a worker at all
+# (seen here: llama-server closed a keep-alive connection the router then reused)
+ROUTER_SEND_FAILED = "error sending request for url"
 SEARCH_LIMIT = 20_000               # assignments tried per window before giving up (unknown)
 
 

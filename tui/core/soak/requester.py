@@ -18,7 +18,7 @@ from ..log.events import Finding, MemoPlanted, RequestFinished, RequestStarted, 
 from ..server.client import RequestSpec
 from .context import SoakContext
 from .judge import Judge
-from ..server.replicas import Served, Signature, named_by_response
+from ..server.replicas import ROUTER_SEND_FAILED, Served, Signature, named_by_response
 from .proof import UNKNOWN, CacheProof, CounterWindows
 from .record import DeltaCoalescer, Record, concurrently
 from .replica_proof import ReplicaWindows
@@ -181,13 +181,28 @@ class Requester:
         until it reaches a replica that has the memo, at most once per other replica."""
         kw = dict(task=task, memo=memo, slot=slot, round=round, turn=turn, expect=expect, arm=arm,
                   of_request=of_request, judges=judges, control=control, replica=replica)
-        record = await self._send_once(state, spec, **kw)
+        record = await self._via_router(state, spec, kw)
         retries = len(self.replicas) - 1 if self.replicas is not None and replica is None else 0
         while record.routed_away and expect == "hit" and arm == "main" and retries > 0:
             retries -= 1
             state.routing_misses += 1
-            record = await self._send_once(state, spec, **kw)
+            record = await self._via_router(state, spec, kw)
         return record
+
+    async def _via_router(self, state: PhaseState, spec: RequestSpec, kw: dict) -> Record:
+        """A router that could not send a request to its worker (HTTP 500 "error sending request for
+        url": the worker had closed the keep-alive connection the router reused; the request never
+        reached it) is asked once more; an info finding names the replica."""
+        try:
+            return await self._send_once(state, spec, **kw)
+        except ServerProblem as exc:
+            if self.replicas is None or kw["replica"] is not None or ROUTER_SEND_FAILED not in str(exc):
+                raise
+            who = next((r.index for r in self.replicas.replicas if r.hostport and r.hostport in str(exc)), None)
+            self.finding(state, "router_send_failed", "info", replica=who,
+                         detail=f"{exc}; sent again: the router could not send it to that replica (no answer "
+                                f"was lost)")
+            return await self._send_once(state, spec, **kw)
 
     async def _send_once(self, state: PhaseState, spec: RequestSpec, *, task: str, memo: Memo | None,
                          slot: int | None, round: int | None, turn: int | None, expect: str, arm: str,

@@ -64,7 +64,7 @@ def damage(source: Path, target: Path, kind: str) -> int:
 async def run(rq, state) -> None:
     r = rq.scenario.restore
     replicas, ctx = rq.replicas, rq.ctx
-    state.extra["restore"] = summary = {"moves": [], "damages": []}
+    state.extra["restore"] = {"moves": [], "damages": []}
     if replicas is None or len(replicas) < 2:
         state.mark_inconclusive("the restore phase needs two replicas (--replica twice, or --replicas 2)")
         rq.finding(state, "restore_not_run", "warn",

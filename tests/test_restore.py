@@ -106,3 +106,13 @@ async def test_reference_slots_answer_as_llamacpp_does(tmp_path):
             assert (await c.post("/slots/2?action=erase")).json() == {"id_slot": 2, "n_erased": saved["n_saved"]}
     finally:
         await server.close()
+
+
+@pytest.mark.parametrize("table, words", [('damages = ["melted"]', "phases.restore.damages: must list damages from"),
+                                          ("damaged_slot = 0", "phases.restore.damaged_slot: must be a slot number")])
+async def test_a_bad_restore_section_is_one_line_and_exit_2(tmp_path, table, words):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[scenario]\nphases = ["restore"]\n[phases.restore]\n{table}\n')
+    result = await run_hitproof("run", "--attach", "http://127.0.0.1:9", "--scenario", str(bad), "--headless",
+                                "--no-record")
+    assert result.code == 2 and words in result.err and len(result.err.strip().splitlines()) == 1, result.err

@@ -127,6 +127,9 @@ class Mix:
     reproduce: int = 5               # re-sends each way (hits, cold) before a deviation is the cache's
 
 
+RESTORE_DAMAGES = ("truncated", "short", "magic", "flipped", "scrambled")   # tui/core/soak/phases/restore.py
+
+
 @dataclass(frozen=True)
 class Restore:
     """llama.cpp slot state that moves: saved on one replica, restored on another and after a restart."""
@@ -319,6 +322,10 @@ def _check_relations(s: Scenario, text: str, source: str) -> None:
         raise _fail(text, source, "sampling", "temperature", "fingerprints compare greedy runs: use temperature = 0")
     if s.sampling.temperature < 0:
         raise _fail(text, source, "sampling", "temperature", "must be >= 0")
+    if any(d not in RESTORE_DAMAGES for d in s.restore.damages):
+        raise _fail(text, source, "phases.restore", "damages", f"must list damages from {', '.join(RESTORE_DAMAGES)}")
+    if s.restore.slot == s.restore.damaged_slot or min(s.restore.slot, s.restore.damaged_slot) < 0:
+        raise _fail(text, source, "phases.restore", "damaged_slot", "must be a slot number other than `slot`")
     if not s.rotation.tasks or any(t not in ("recall", "summary") for t in s.rotation.tasks):
         raise _fail(text, source, "phases.rotation", "tasks", 'must list "recall" and/or "summary"')
     if s.mix.partial_rate > 1.0:

@@ -33,6 +33,9 @@ from ...server.slots import SlotClient, SlotError
 
 TITLE = "restore (slot state moved)"
 DAMAGES = ("truncated", "magic", "scrambled", "flipped")
+WORDS = {"truncated": "a slot file cut to half its size", "short": "a slot file one byte short",
+         "magic": "a slot file with its first byte flipped", "flipped": "a slot file with one byte flipped in the middle",
+         "scrambled": "a slot file with 4 KiB scrambled in the middle"}
 
 
 def plan(scenario) -> dict:
@@ -151,9 +154,9 @@ async def _damaged(rq, state, memo, cont, target: int, clean: int, folder: Path,
         restored = await _slot(replicas, target, "restore", r.damaged_slot, bad)
     except SlotError as exc:
         if not exc.refused:              # the server died: the soak ends naming the replica
-            raise ServerProblem(f"{where} did not answer the restore of a {kind} slot file: {exc}") from None
+            raise ServerProblem(f"{where} did not answer the restore of {WORDS[kind]}: {exc}") from None
         row["outcome"] = "refused"
-        rq.finding(state, "restore_damaged", "info", detail=f"a {kind} slot file was refused by {where}: {exc}",
+        rq.finding(state, "restore_damaged", "info", detail=f"{WORDS[kind]} was refused by {where}: {exc}",
                    damage=kind, outcome="refused", replica=target)
         return False
     row["restored"] = restored.tokens
@@ -167,17 +170,17 @@ async def _damaged(rq, state, memo, cont, target: int, clean: int, folder: Path,
                                 memo=owner, expect="cold", arm="control", of_request=record.request, replica=clean)
         for problem, offset, detail in _against_cold(rq, record, control):
             if problem is None:
-                rq.finding(state, "restore_damaged", "info", record, offset=offset, detail=f"{detail}; after a "
-                           f"{kind} slot file was accepted by {where}", damage=kind)
+                rq.finding(state, "restore_damaged", "info", record, offset=offset, detail=f"{detail}; after "
+                           f"{WORDS[kind]} was accepted by {where}", damage=kind)
                 continue
             wrong.append(record.request)
             rq.finding(state, "bad_restore", "fail", record, offset=offset,
-                       detail=f"after a {kind} slot file was accepted by {where}: {detail}, while the cold "
+                       detail=f"after {WORDS[kind]} was accepted by {where}: {detail}, while the cold "
                               f"control (request {control.request}, on {replicas.label(clean)}) is right",
                        damage=kind, problem=problem, control_request=control.request, cached_tokens=record.cached)
     row["outcome"] = "accepted, answered wrong" if wrong else "accepted, later requests correct"
     if not wrong:
-        rq.finding(state, "restore_damaged", "info", detail=f"a {kind} slot file was accepted by {where} "
+        rq.finding(state, "restore_damaged", "info", detail=f"{WORDS[kind]} was accepted by {where} "
                    f"({restored.tokens} tokens) and the requests on that slot after it answered right",
                    damage=kind, outcome="accepted", replica=target)
     try:

@@ -61,6 +61,34 @@ def set_up():
     R.prepare_router(progress=print)
 
 
+@pytest.mark.parametrize("router, policy", [("vllm-router", "power_of_two"), ("sglang-router", "cache_aware")])
+async def test_real_routers_in_front_of_reference_servers_pass_with_every_replica_hit(set_up, tmp_path, router, policy):
+    """Seconds: the routers are real, the servers the reference ones (no model)."""
+    from tui.core.server.launch import free_port
+    from tui.refserver.replicas import start_replicas
+
+    async with await start_replicas(2, decode_ms_per_token=0) as cluster:
+        port, metrics_port = free_port(), free_port()
+        argv = R.router_argv(router, port=port, metrics_port=metrics_port, worker_urls=cluster.replica_urls,
+                             policy=policy)
+        front = ServerProcess(argv, url=f"http://127.0.0.1:{port}", env=R.child_env({"NO_COLOR": "1"}))
+        await front.start()
+        try:
+            await front.wait_ready(60)
+            await asyncio.sleep(8)           # sglang-router registers its workers after it answers
+            log = tmp_path / "run.jsonl"
+            result = await run_hitproof("run", "--attach", front.url, "--replica", cluster.replica_urls[0],
+                                        "--replica", cluster.replica_urls[1], "--router-metrics",
+                                        f"http://127.0.0.1:{metrics_port}/metrics", "--scenario", "quick",
+                                        "--headless", "--record", str(log), timeout=600)
+        finally:
+            await front.stop()
+    assert result.code == 0, result.out[-3000:] + result.err[-2000:]
+    replicas = report_json(log)["replicas"]
+    assert replicas["attribution"] == "model" and replicas["routing_ok"] is True
+    assert all(r["hits"] > 0 and r["findings"]["fail"] == 0 for r in replicas["rows"]), replicas["rows"]
+
+
 async def test_a_soak_through_vllm_router_passes_with_hits_on_both_replicas(set_up, tmp_path):
     log = tmp_path / "run.jsonl"
     result = await run_hitproof("run", "--engine", "llamacpp", "--replicas", "2", "--scenario",

@@ -147,6 +147,12 @@ async def test_a_fault_on_one_replica_is_caught_naming_it(tmp_path):
     rows = {r["index"]: r for r in report["replicas"]["rows"]}
     assert rows[1]["findings"]["fail"] > 0 and rows[0]["findings"]["fail"] == 0
     assert "replica r1" in result.out
+    # every format carries the per-replica rows
+    page = await run_hitproof("report", str(tmp_path / "run.jsonl"), "--format", "html")
+    assert page.code == 0 and '<h2 id="replicas">Replicas</h2>' in page.out
+    assert f"<td>{cluster.replica_urls[1]}</td>" in page.out
+    md = await run_hitproof("report", str(tmp_path / "run.jsonl"), "--format", "markdown")
+    assert md.code == 0 and cluster.replica_urls[1] in md.out and "r1" in md.out
 
 
 async def test_a_corrupting_proxy_in_front_of_one_replica_is_named(tmp_path):

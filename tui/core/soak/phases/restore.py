@@ -1,13 +1,13 @@
 """The restore phase: llama.cpp slot state that moves between servers (`--slot-save-path`).
 
-A memo is prefilled cold in slot S of replica A (sent to A directly, pinned with `id_slot`), the
-slot is saved, then restored into slot S of replica B (same model, same folder) and, after A is
-restarted, into A again. After each restore the *continuation* of the saved tokens (the prompt,
-the cold answer, the question once more) is sent pinned to that slot: it must be a hit (cached
-tokens > 0: a restore the server accepts can still reuse nothing, llama.cpp #26676; the identical
-prompt is never a hit after a restore, it is shorter than what the slot holds, so it is not
-used), and it gets every check a hit gets (its own code, no foreign code, its fingerprint equal to
-the cold one, judged against a cold control).
+A memo is prefilled cold in slot S of replica A (sent to A directly, pinned with `id_slot`, one
+token generated, so the slot holds exactly the memo's tokens), the slot is saved, then restored into
+slot S of replica B (same model, same folder) and, after A is restarted, into A again. After each
+restore the question about the memo (a *continuation* of the saved tokens) is sent pinned to that
+slot: it must be a hit (cached tokens > 0: a restore the server accepts can still reuse nothing,
+llama.cpp #26676; a prompt no longer than what the slot holds is never a hit after a restore, it
+needs a rollback a restored slot has no checkpoint for), and it gets every check a hit gets (its own
+code, no foreign code, its fingerprint equal to the cold one, judged against a cold control).
 
 Then the damaged files: copies of the saved file, damaged (`truncated` to half, the `magic` first
 byte flipped, 4 KiB `scrambled` in the middle, one byte `flipped` in the middle), restored into
@@ -25,9 +25,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import httpx
+
 from ...checks import detectors as checks
 from ...checks.answers import hit_path_problems
-from ...evidence.text import recall_suffix
 from ...config.errors import ServerProblem
 from ...server.slots import SlotClient, SlotError
 
@@ -76,12 +77,19 @@ async def run(rq, state) -> None:
     a, b = 0, 1
     name = f"hp-{rq.nonce}-restore.bin"
     memo = await rq.memo(state, tokens=r.memo_tokens, tag="restore")
-    first = dataclasses.replace(rq.question(memo.text, "recall"), slot_id=r.slot)
-    if first.prompt is None:
+    cont = dataclasses.replace(rq.question(memo.text, "recall"), slot_id=r.slot)
+    if cont.prompt is None:
         state.mark_inconclusive("the restore phase continues a completion prompt: use api = \"completions\"")
         rq.finding(state, "restore_not_run", "warn", detail="the restore phase needs api = \"completions\"")
         return
-    cold = await rq.send(state, first, task="recall", memo=memo, expect="cold", replica=a)
+    # The slot must hold a prefix of the question's tokens, nothing more: a request shorter than what a
+    # restored slot holds needs a rollback it has no checkpoint for (llama.cpp re-processes it all).
+    # So the memo alone is prefilled with one token to generate (the slot then holds exactly its
+    # tokens), cut where its tokens stop being the question's (a tokenizer merges across "." + "\n\n").
+    head = await _aligned_prefix(replicas, a, memo.text, cont.prompt)
+    prefill = dataclasses.replace(rq.spec(prompt=head, max_tokens=1), max_tokens=1, logprobs=None, slot_id=r.slot)
+    cold = await rq.send(state, prefill, task="turn", memo=memo, expect="cold", replica=a, judges=("foreign",),
+                         control=False)
     try:
         saved = await _slot(replicas, a, "save", r.slot, name)
     except SlotError as exc:
@@ -89,7 +97,6 @@ async def run(rq, state) -> None:
         rq.finding(state, "restore_not_run", "warn", cold, detail=f"saving slot {r.slot} on "
                    f"{replicas.label(a)} failed: {exc}")
         return
-    cont = dataclasses.replace(first, prompt=first.prompt + cold.text + recall_suffix())
     await _move(rq, state, memo, cont, b, name, saved.tokens, "on another replica")
     if ctx.restart_replica is None:
         rq.finding(state, "restore_no_restart", "info", detail=f"{replicas.label(a)} was not launched by hitproof: "
@@ -108,6 +115,32 @@ async def run(rq, state) -> None:
     if poisoned and ctx.restart_replica is not None:
         await ctx.restart_replica(b)          # a poisoned slot outlives an erase: leave later phases a clean B
         state.metrics_before = None
+
+
+async def _aligned_prefix(replicas, index: int, head: str, whole: str) -> str:
+    """The longest start of `whole`, at most `head`, whose tokens on that replica are a prefix of whole's
+    (its /tokenize and /detokenize); `head` itself where the server cannot say."""
+    url = replicas.replicas[index].url
+    try:
+        async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
+            async def tokens(text: str) -> list:
+                answer = await client.post(url + "/tokenize", json={"content": text, "add_special": False})
+                answer.raise_for_status()
+                return list(answer.json()["tokens"])
+
+            mine, theirs = await tokens(head), await tokens(whole)
+            n = 0
+            while n < min(len(mine), len(theirs)) and mine[n] == theirs[n]:
+                n += 1
+            if n == len(mine):
+                return head
+            answer = await client.post(url + "/detokenize", json={"tokens": theirs[:n]})
+            text = answer.json().get("content")
+            if isinstance(text, str) and text and whole.startswith(text) and await tokens(text) == theirs[:n]:
+                return text
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return head
 
 
 async def _slot(replicas, index: int, action: str, slot: int, filename: str | None = None):

@@ -55,6 +55,24 @@ damages = {damages}
 """
 
 
+async def routing_to(metrics_url: str, workers: list[str], timeout: float = 60.0) -> None:
+    """Until the router's own metrics list every worker healthy (it registers them after it answers)."""
+    import httpx
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+        while True:
+            try:
+                healthy = R.worker_health((await client.get(metrics_url)).text)
+                if all(healthy.get(w) for w in workers):
+                    return
+            except httpx.HTTPError:
+                pass
+            assert loop.time() < end, f"the router does not route to {workers} after {timeout:.0f}s"
+            await asyncio.sleep(0.25)
+
+
 @pytest.fixture(scope="module")
 def set_up():
     prepare("llamacpp", progress=print)
@@ -75,7 +93,7 @@ async def test_real_routers_in_front_of_reference_servers_pass_with_every_replic
         await front.start()
         try:
             await front.wait_ready(60)
-            await asyncio.sleep(8)           # sglang-router registers its workers after it answers
+            await routing_to(f"http://127.0.0.1:{metrics_port}/metrics", cluster.replica_urls)
             log = tmp_path / "run.jsonl"
             result = await run_hitproof("run", "--attach", front.url, "--replica", cluster.replica_urls[0],
                                         "--replica", cluster.replica_urls[1], "--router-metrics",
@@ -117,7 +135,7 @@ async def test_a_corrupting_proxy_on_one_replica_is_caught_naming_it(set_up, tmp
         router = ServerProcess(argv, url=plan.url, env=plan.front.env)
         await router.start()
         await router.wait_ready(60)
-        await asyncio.sleep(2)           # the router registers its workers after it answers
+        await routing_to(plan.metrics_url, [plan.worker_urls[0], proxy.url])
         log = tmp_path / "run.jsonl"
         result = await run_hitproof("run", "--attach", plan.url, "--replica", plan.worker_urls[0], "--replica",
                                     proxy.url, "--router-metrics", plan.metrics_url, "--scenario",

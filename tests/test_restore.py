@@ -116,3 +116,20 @@ async def test_a_bad_restore_section_is_one_line_and_exit_2(tmp_path, table, wor
     result = await run_hitproof("run", "--attach", "http://127.0.0.1:9", "--scenario", str(bad), "--headless",
                                 "--no-record")
     assert result.code == 2 and words in result.err and len(result.err.strip().splitlines()) == 1, result.err
+
+
+async def test_the_prefill_is_cut_where_its_tokens_stop_being_the_questions():
+    from tui.core.server.replicas import ReplicaSet
+    from tui.core.soak.phases.restore import _aligned_prefix
+
+    server = await start_refserver(port=0)
+    replicas = ReplicaSet([server.url, "http://127.0.0.1:9"])
+    try:
+        assert await _aligned_prefix(replicas, 0, "Memo text.", "Memo text.\n\nQuestion: x") == "Memo text."
+        # "tex" is not a token of "text": the slot may hold only what the question's tokens start with
+        assert await _aligned_prefix(replicas, 0, "Memo tex", "Memo text.\n\nQuestion: x") == "Memo "
+        # a server that cannot tokenize: the memo as it is
+        assert await _aligned_prefix(replicas, 1, "Memo tex", "Memo text.") == "Memo tex"
+    finally:
+        await replicas.aclose()
+        await server.close()

@@ -17,7 +17,7 @@ import asyncio
 
 import pytest
 
-from support.cli import ROOT, report_json, run_hitproof, scenario
+from support.cli import report_json, run_hitproof, scenario
 from support.corrupting_proxy import CorruptingProxy
 from tui.core.server.launch import ServerProcess
 from tui.embedded import prepare

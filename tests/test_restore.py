@@ -39,7 +39,7 @@ async def test_state_that_moves_passes_clean_across_replicas_and_a_restart(tmp_p
     # the clean server refuses every damaged file (its checksum), and says so
     assert {d["outcome"] for d in phase["restore"]["damages"]} == {"refused"}
     assert not [f for f in report["findings"] if f["severity"] in ("fail", "warn")]
-    assert "restore after a restart: r0 restored" in result.out
+    assert "restore after a restart: r0:" in result.out and "saved tokens restored" in result.out
 
 
 async def test_a_damaged_file_that_is_accepted_and_answers_wrong_fails_naming_the_replica(tmp_path):

@@ -76,8 +76,8 @@ def restore_lines(report: RunReport) -> list[str]:
     lines = []
     for m in r.get("moves", []):
         cached = fmt.MISSING if m.get("cached") is None else m["cached"]
-        lines.append(f"restore {m.get('how')}: r{m.get('replica')} restored {fmt_count(m.get('restored'))} of "
-                     f"{fmt_count(m.get('saved'))} saved tokens; the continuation reused {cached}")
+        lines.append(f"restore {m.get('how')}: r{m.get('replica')}: {fmt_count(m.get('restored'))} of "
+                     f"{fmt_count(m.get('saved'))} saved tokens restored, {cached} reused")
     for d in r.get("damages", []):
         lines.append(f"damaged slot file ({d.get('damage')}, {fmt_count(d.get('bytes'))} bytes) on "
                      f"r{d.get('replica')}: {d.get('outcome') or 'not judged'}")

@@ -40,6 +40,7 @@ async def test_clean_run_shows_rotating_slots_and_ends_open(server, tmp_path):
         assert app.model.report.verdict == "pass"
         title = text_of(app.query_one("#title"))
         assert "PASS exit 0" in title
+        assert not app.query_one("#replicas").display      # one server: no replica strip
         # the final state stays on screen until the user quits
         await pilot.pause(0.5)
         assert app.is_running and app.query(SlotPanel)
@@ -188,3 +189,17 @@ async def test_keys_pause_log_compact_screenshot(server, tmp_path):
         await pilot.pause(0.2)
         assert list(tmp_path.glob("*.svg"))
         await pilot.press("q")
+
+
+async def test_the_replica_strip_names_each_replica_and_the_one_that_fails(tmp_path):
+    from tui.refserver.replicas import start_replicas
+
+    async with await start_replicas(2, faults={1: "foreign_state"}, decode_ms_per_token=0) as cluster:
+        app = live_app(cluster.url, QUICK, record=tmp_path / "run.jsonl", replicas=cluster.replica_urls)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: app.model.finished, timeout=120)
+            strip = app.query_one("#replicas")
+            text = text_of(strip)
+            assert strip.display and "r0 " in text and "r1 " in text and "fail" in text.split("r1 ", 1)[1]
+            assert "fail" not in text.split("r1 ", 1)[0]
+            await pilot.press("q")

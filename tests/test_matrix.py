@@ -77,6 +77,23 @@ async def test_refserver_matrix_pass_and_fail(tmp_path):
         no_server_left(re.escape(row["server"]["launch_command"]))
 
 
+async def test_a_matrix_row_can_be_several_servers_behind_a_router(tmp_path):
+    out = tmp_path / "m"
+    result = await run_hitproof("matrix", "--profile", str(PROFILES / "refserver-replicas.toml"),
+                                "--profile", str(PROFILES / "refserver-none.toml"),
+                                "--scenario", str(scenario(tmp_path, SMALL)), "--out", str(out), "--headless",
+                                timeout=300)
+    assert result.code == 0, result.out + result.err
+    rows = json.loads((out / "matrix.json").read_text())
+    cluster, single = rows
+    assert cluster["verdict"] == "pass" and single["verdict"] == "pass"
+    assert [c["label"] for c in cluster["replicas"]] == ["r0", "r1"]
+    assert all(c["hits"] > 0 for c in cluster["replicas"]) and single["replicas"] is None
+    md = (out / "matrix.md").read_text()
+    assert re.search(r"\| r0 \d+/\d+ r1 \d+/\d+ \|", md), md
+    no_server_left("tui.refserver.router")
+
+
 async def test_bad_profile_is_exit_2_before_anything_starts(tmp_path):
     bad = scenario(tmp_path, 'name = "b"\ncommand = "x {port}"\noverlays = ["missing.patch"]\n', "bad.toml")
     out = tmp_path / "m"
@@ -122,7 +139,7 @@ def test_markdown_table_shape():
            "server": {"cache_reuse_forced_off": True, "cache_reuse_decided_by": "--no-enable-prefix-caching"},
            "duration_s": 12.34, "log": "d/a.jsonl", "message": "nothing failed"}
     md = to_markdown([row], "s")
-    assert "| a\\|b | x | **INCONCLUSIVE** | 4 | 3 | 0 | 0/1/0 |  | yes (--no-enable-prefix-caching) | 12.3 |" in md
+    assert "| a\\|b | x | **INCONCLUSIVE** | 4 | 3 | 0 | 0/1/0 |  | yes (--no-enable-prefix-caching) |  | 12.3 |" in md
     assert "a|b       INCONCLUSIVE" in md and "- **a|b**: nothing failed" in md
 
 

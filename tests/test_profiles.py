@@ -113,7 +113,7 @@ def test_example_profiles_load():
 
 @pytest.mark.parametrize("text, expected", [
     ('command = "x --port {port}"\nport = 3\n', "P:2: port: unknown key (known: name, description, command, url, "
-                                                "env, startup_timeout, overlays, facts)"),
+                                                "env, startup_timeout, overlays, facts, replicas, router_metrics)"),
     ('command = "x {port}"\n\n[envv]\nA = "1"\n', "P:3: envv: unknown key"),
     ('command = "x {port}"\nstartup_timeout = "10"\n', "P:2: startup_timeout: must be a number of seconds, got str '10'"),
     ('command = "x {port}"\nstartup_timeout = 0\n', "P:2: startup_timeout: must be more than 0 seconds, got 0"),

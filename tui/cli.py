@@ -38,6 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--profile", metavar="FILE",
                        help="launch profile TOML (command, url, env, startup_timeout, overlays; see "
                             "scenarios/profiles/)")
+    run.add_argument("--replica", metavar="URL", action="append", default=[],
+                     help="with --attach ROUTER_URL: a server behind that router, read directly (its /metrics, "
+                          "model, tokenizer); repeat for each. Each request is attributed to the replica that "
+                          "served it; the report has a row per replica")
+    run.add_argument("--router-metrics", metavar="URL",
+                     help="with --replica: the router's own metrics (its per-worker request counters), if it has one")
+    run.add_argument("--replicas", type=int, metavar="N",
+                     help="with --engine: start N embedded servers behind a real router (see --router, --policy)")
+    run.add_argument("--router", choices=("vllm-router", "sglang-router"), default=None,
+                     help="with --replicas: the router in front of them (default: vllm-router)")
+    run.add_argument("--policy", metavar="NAME",
+                     help="with --replicas: the router's policy (default: round_robin; vllm-router also has "
+                          "cache_aware, consistent_hash, power_of_two, ...)")
     run.add_argument("--url", metavar="URL", help="with --launch: where the server will answer (default with "
                                                    "{port} in the command: http://127.0.0.1:{port})")
     run.add_argument("--startup-timeout", type=float, metavar="SECONDS",
@@ -92,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--slots", type=int, default=4, help="rotation slots (default 4)")
 
     setup = sub.add_parser("setup", help="install an embedded real engine and its model (cached)")
-    setup.add_argument("--engine", choices=ENGINES + ("all",), default="vllm")
+    setup.add_argument("--engine", choices=ENGINES + ("router", "all"), default="vllm",
+                       help="an engine, the routers (vllm-router and sglang-router), or all of them")
     setup.add_argument("--model", default="gemma3-270m")
     return parser
 
@@ -147,8 +161,12 @@ def _size(args, console: Console) -> int:
 def _setup(args, err: Console) -> int:
     from .embedded import SetupError, prepare
 
-    engines = ENGINES if args.engine == "all" else (args.engine,)
+    engines = ENGINES + ("router",) if args.engine == "all" else (args.engine,)
     for engine in engines:
+        if engine == "router":
+            from .cli_replicas import prepare_router
+            prepare_router(err)
+            continue
         try:
             prepare(engine, model=args.model, progress=lambda line: err.print(f"[setup {engine}] {line}",
                                                                              markup=False, highlight=False))
@@ -159,6 +177,7 @@ def _setup(args, err: Console) -> int:
 
 
 def _run(args, console: Console, err: Console, argv: list[str]) -> int:
+    from .cli_replicas import prepare_router, replica_urls
     from .core.soak.engine import Target
     from .runner import default_log_path, run_embedded, run_launched, run_soak
 
@@ -176,8 +195,11 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
     def echo(line: str) -> None:       # --verbose: the launched server's output as it comes
         err.print(f"[{label} log] {line}", style="grey50", markup=False, highlight=False)
 
+    replicas = replica_urls(args)
     if engine:
         _prepare_embedded(engine, args.model, err)
+        if args.replicas:
+            prepare_router(err)
     hitproof_argv = ["hitproof", *argv]
     url = _normalize_url(args.attach) if args.attach else None
 
@@ -187,9 +209,16 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
         verbose = echo if args.verbose and args.headless else None
         if plan is not None:
             return await run_launched(scenario, plan, progress=progress, echo=verbose, **common)
+        if engine and args.replicas:
+            from .runner import run_embedded_cluster
+            return await run_embedded_cluster(scenario, engine, args.model, args.replicas,
+                                              router=args.router or "vllm-router",
+                                              policy=args.policy or "round_robin", progress=progress, echo=verbose,
+                                              **common)
         if engine:
             return await run_embedded(scenario, engine, args.model, progress=progress, echo=verbose, **common)
-        return await run_soak(scenario, Target(url=url, dialect=args.dialect), **common)
+        return await run_soak(scenario, Target(url=url, dialect=args.dialect, replicas=replicas,
+                                               router_metrics=args.router_metrics), **common)
 
     if not args.headless:
         return _run_app(start, record, err)

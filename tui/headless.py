@@ -17,6 +17,7 @@ from .core.report import fmt
 from .core.report import facts
 from .core.report.latency import table_lines
 from .core.report.power import power_line
+from .core.report.replicas import replica_lines
 from .core.report.report import RunReport
 
 SEVERITY_STYLE = {"fail": "bold red", "warn": "yellow", "info": "dim"}
@@ -43,6 +44,9 @@ class HeadlessConsole:
             self.console.print(f"server {event.url}: {event.dialect} {event.version or ''}, model {event.model}, "
                                f"grid {event.grid} tokens ({event.grid_source}), tokenizer {event.tokenizer}, "
                                f"metrics {'yes' if event.metrics_available else 'no'}")
+            if event.replicas:
+                self.console.print(f"replicas: {', '.join(r['label'] + ' ' + r['url'] for r in event.replicas)}; "
+                                   f"attributed by {event.replica_attribution or 'nothing'}")
         elif isinstance(event, PhaseStarted):
             self._hits[event.phase] = 0
             if self.live:
@@ -108,6 +112,8 @@ def format_finding(f: Finding) -> str:
         where.append(f"round {f.round}")
     if f.request is not None:
         where.append(f"request {f.request}")
+    if f.replica is not None:
+        where.append(f"replica r{f.replica}")
     if f.offset is not None:
         where.append(f"offset {f.offset}")
     return f"{f.severity.upper():<5} {f.kind:<22} {', '.join(where)}: {f.detail}"
@@ -148,6 +154,11 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
                               f"({phase['ttft_cut_pct']}% cut)"))
         if name == "determinism" and phase.get("determinism"):
             lines.append(Text(f"  {facts.determinism_line(report)}"))
+        if name == "restore":
+            lines += [Text(f"  {line}") for line in facts.restore_lines(report)]
+    replicas = replica_lines(report.replicas)
+    if replicas:
+        lines.append(Text("\n".join(replicas)))
     percentiles = table_lines(report.latency, report.phases)
     if percentiles:
         lines.append(Text("\n".join(percentiles)))

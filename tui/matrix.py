@@ -69,6 +69,8 @@ def fill_row(row: dict[str, Any], report: RunReport, log: Path | None) -> dict[s
         "requests": data["requests"], "cache_hits": data["cache_hits"],
         "findings": {**counts, "fail_kinds": sorted(fail_kinds), "kinds": dict(sorted(kinds.items()))},
         "phases": {name: phase.get("status") for name, phase in report.phases.items()},
+        # behind a router (a profile with [replicas]): per replica requests, hits, findings
+        "replicas": _replica_cells(report),
         "log": str(log) if log else None,
         # the bus clock starts before the launch: the header's t is the start-up (and probe) time
         "startup_s": round(report.header.t, 1) if report.header else None,
@@ -84,6 +86,14 @@ def fill_row(row: dict[str, Any], report: RunReport, log: Path | None) -> dict[s
     return row
 
 
+def _replica_cells(report: RunReport) -> list[dict[str, Any]] | None:
+    fold = report.replicas
+    if not fold.active:
+        return None
+    return [{"label": r["label"], "url": r["url"], "requests": r["requests"], "hits": r["hits"],
+             "fail": r["findings"]["fail"]} for r in fold.rows()]
+
+
 # --- files ---------------------------------------------------------------------------------------
 
 def _md(value: Any) -> str:
@@ -97,7 +107,7 @@ def to_markdown(rows: list[dict[str, Any]], scenario: str = "") -> str:
     lines += ["```"] + [f"{r['profile']:<{width}}  {RESULT.get(r['verdict'], r['verdict'].upper())}" for r in rows] \
         + ["```", ""]
     header = ["profile", "what changed", "result", "exit", "requests", "cache hits", "findings f/w/i", "fail kinds",
-              "cache reuse forced off", "duration s", "log"]
+              "cache reuse forced off", "replicas (hits/requests)", "duration s", "log"]
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         f = r["findings"]
@@ -107,6 +117,7 @@ def to_markdown(rows: list[dict[str, Any]], scenario: str = "") -> str:
                  r["exit_code"], r["requests"], r["cache_hits"], f"{f['fail']}/{f['warn']}/{f['info']}",
                  ", ".join(f"`{k}`" for k in f["fail_kinds"]),
                  "" if off is None else ("yes" if off else "no") + (f" ({decided})" if off and decided else ""),
+                 " ".join(f"{c['label']} {c['hits']}/{c['requests']}" for c in r.get("replicas") or []),
                  f"{r['duration_s']:.1f}", r["log"] or ""]
         lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
     lines.append("")

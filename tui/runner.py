@@ -44,9 +44,12 @@ class ServerLogRelay:
     MAX_PER_KIND = 20           # a crash loop must not bury the log in findings
     CONTEXT = 5                 # lines before the classified one kept in the evidence
 
-    def __init__(self, bus: EventBus, echo: Callable[[str], None] | None = None):
+    def __init__(self, bus: EventBus, echo: Callable[[str], None] | None = None, *, tag: str = "",
+                 replica: int | None = None):
         self.bus = bus
         self.echo = echo
+        self.tag = tag                  # several servers: each line says whose it is ("[r1] ...")
+        self.replica = replica          # ... and a finding from a replica's line names it
         self.buffer: list[str] = []
         self.open = False
         self.detached = False
@@ -79,6 +82,8 @@ class ServerLogRelay:
     def __call__(self, line: str) -> None:
         if self.redact is not None:
             line = self.redact(line)
+        if self.tag:
+            line = f"[{self.tag}] {line}"
         if self.echo is not None:
             self.echo(line)
         if self.detached:
@@ -114,7 +119,8 @@ class ServerLogRelay:
             detail=f"server log ({kind.replace('_', ' ')}): {line.strip()[:400]}",
             evidence={"line": line, "match": kind, "matched": enginelog.matched_text(line),
                       "line_no": self.line_no, "before": list(self.recent),
-                      "when": "running" if running else ("between phases" if started else "startup")}))
+                      "when": "running" if running else ("between phases" if started else "startup")},
+            replica=self.replica))
 
     def detach(self) -> None:
         self.detached = True
@@ -195,6 +201,9 @@ async def run_launched(scenario: Scenario, plan: LaunchPlan, *, bus: EventBus, r
     """Start a server, wait until it serves, soak it, and always stop it (no orphan): on the way out,
     on an error and on Ctrl-C (cancellation). A server that never serves is a ServerProblem (exit 3)
     whose message ends with the server's last output line."""
+    if plan.replicas:
+        return await run_fleet(scenario, plan, bus=bus, record=record, listeners=listeners, progress=progress,
+                               argv=argv, isolate=isolate, after_run=after_run, on_engine=on_engine, echo=echo)
     relay = ServerLogRelay(bus, echo=echo)
     bus.subscribe(relay.on_event)
     failures: list[HitproofError] = []
@@ -252,6 +261,48 @@ async def run_launched(scenario: Scenario, plan: LaunchPlan, *, bus: EventBus, r
         await server.stop()
 
 
+async def run_fleet(scenario: Scenario, plan: LaunchPlan, *, bus: EventBus, record: Path | None,
+                    listeners: list[Listener], progress: Callable[[str], None], argv: list[str] | None = None,
+                    isolate: bool = False, after_run: AfterRun | None = None,
+                    on_engine: Callable[[SoakEngine], None] | None = None,
+                    echo: Callable[[str], None] | None = None) -> Outcome:
+    """run_launched for a plan with replicas: the replicas, then the router in front of them (tui.fleet)."""
+    from .fleet import Fleet
+
+    relays = [ServerLogRelay(bus, echo=echo, tag=f"r{i}", replica=i) for i in range(len(plan.replicas))]
+    front = ServerLogRelay(bus, echo=echo, tag="router")
+    for relay in (*relays, front):
+        bus.subscribe(relay.on_event)
+    fleet = Fleet(plan, relays, front)
+
+    def attach(engine: SoakEngine) -> None:
+        for relay in (*relays, front):
+            relay.engine = engine
+        if on_engine is not None:
+            on_engine(engine)
+
+    prefix = f"profile {plan.profile['name']}: " if plan.profile else ""
+    try:
+        started = time.monotonic()
+        try:
+            await fleet.start(progress)
+        except LaunchError as exc:
+            raise ServerProblem(f"{prefix}{exc}") from None
+        progress(f"router ready at {plan.url} in front of {len(plan.replicas)} replica(s) after "
+                 f"{time.monotonic() - started:.0f}s")
+        target = Target(url=plan.url, engine=plan.engine, launch_command=fleet.router.command_line,
+                        env_of_interest=plan.env_of_interest, facts={**plan.facts, "replica_commands": [
+                            p.command_line for p in plan.replicas]}, exited=fleet.exited,
+                        exit_info=fleet.exit_info, replicas=fleet.urls, router_metrics=plan.router_metrics,
+                        restart_replica=lambda i: fleet.restart(i, progress), slot_dir=plan.slot_dir)
+        return await run_soak(scenario, target, bus=bus, record=record, listeners=listeners, argv=argv,
+                              isolate=isolate, after_run=after_run, on_engine=attach, plan=plan)
+    finally:
+        for relay in (*relays, front):
+            relay.detach()
+        await fleet.stop()
+
+
 async def run_embedded(scenario: Scenario, engine: str, model: str, *, bus: EventBus, record: Path | None,
                        listeners: list[Listener], progress: Callable[[str], None],
                        argv: list[str] | None = None, isolate: bool = False,
@@ -266,6 +317,36 @@ async def run_embedded(scenario: Scenario, engine: str, model: str, *, bus: Even
                       startup_timeout=spec.startup_timeout, engine=spec.engine, facts=spec.facts)
     return await run_launched(scenario, plan, bus=bus, record=record, listeners=listeners, progress=progress,
                               argv=argv, isolate=isolate, after_run=after_run, on_engine=on_engine, echo=echo)
+
+
+async def run_embedded_cluster(scenario: Scenario, engine: str, model: str, replicas: int, *, router: str,
+                               policy: str, **kwargs) -> Outcome:
+    """N embedded servers of `engine` behind a real router (tui.embedded.router), llama.cpp with a
+    shared slot folder (the restore phase), then as run_launched."""
+    import tempfile
+
+    from .embedded.router import plan_cluster
+
+    slot_dir = tempfile.mkdtemp(prefix="hitproof-slots-") if engine == "llamacpp" else None
+    try:
+        cluster = plan_cluster(replicas, router=router, policy=policy, engine=engine, model=model,
+                               worker_extra_args=("--slot-save-path", slot_dir) if slot_dir else ())
+    except BaseException:
+        if slot_dir:
+            import shutil
+            shutil.rmtree(slot_dir, ignore_errors=True)
+        raise
+
+    def plan_of(spec, **more) -> LaunchPlan:
+        return LaunchPlan(argv=spec.argv, url=spec.url, env=spec.env,
+                          env_of_interest=env_of_interest(spec.env_of_interest, spec.env),
+                          startup_timeout=spec.startup_timeout, engine=spec.engine, facts=spec.facts, **more)
+
+    plan = plan_of(cluster.front, replicas=[plan_of(w) for w in cluster.workers], router_metrics=cluster.metrics_url,
+                   slot_dir=slot_dir)
+    plan.engine = engine
+    plan.facts = {**cluster.facts, **({"slot_dir": slot_dir} if slot_dir else {})}
+    return await run_launched(scenario, plan, **kwargs)
 
 
 async def run_profile(scenario: Scenario, profile: Profile, **kwargs) -> Outcome:

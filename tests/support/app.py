@@ -16,11 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "screenshots"
 
 
-def live_app(url: str, scenario: str | Path, *, record: Path | None = None, text: str | None = None):
+def live_app(url: str, scenario: str | Path, *, record: Path | None = None, text: str | None = None,
+             replicas: list[str] | None = None):
     scen = parse_scenario(text, "test.toml") if text is not None else load_scenario(scenario)
 
     async def start(*, listeners, after_run, on_engine, progress):
-        return await run_soak(scen, Target(url=url), bus=EventBus(), record=record, listeners=listeners,
+        return await run_soak(scen, Target(url=url, replicas=list(replicas or [])), bus=EventBus(), record=record, listeners=listeners,
                               after_run=after_run, on_engine=on_engine)
 
     return build_app(LiveSource(start), screenshot_dir=SCREENSHOTS)

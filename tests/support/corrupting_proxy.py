@@ -20,15 +20,16 @@ from aiohttp import web
 
 CODE = re.compile(r"\b\d{4}-\d{4}-\d{4}\b")
 MODES = ("none", "foreign", "recall_miss", "repetition", "empty", "http500", "malformed",
-         "fp_foreign", "fp_alter", "fp_alike", "strip_usage", "strip_all")
+         "fp_foreign", "fp_alter", "fp_alike", "strip_usage", "strip_all", "send_failed_once")
 
 
 class CorruptingProxy:
-    def __init__(self, upstream: str, mode: str, *, after: int = 0):
+    def __init__(self, upstream: str, mode: str, *, after: int = 0, names: str = ""):
         assert mode in MODES
         self.upstream = upstream.rstrip("/")
         self.mode = mode
         self.after = after            # for http500 / malformed: how many generation requests pass first
+        self.names = names or upstream  # send_failed_once: the worker a router's message names
         self.codes: list[str] = []    # every code seen in a prompt, in order
         self.generations = 0
         self.corrupted = 0
@@ -73,6 +74,9 @@ class CorruptingProxy:
             if code not in self.codes:
                 self.codes.append(code)
         self.generations += 1
+        if self.mode == "send_failed_once" and self.generations == self.after + 1:   # vllm-router's words
+            return web.json_response({"error": {"message": f"Request failed: error sending request for url "
+                                                           f"({self.names}{path})"}}, status=500)
         if self.mode == "http500" and self.generations > self.after:
             return web.json_response({"error": {"message": "proxy: engine core died"}}, status=500)
         async with self._session.post(self.upstream + path, data=body,

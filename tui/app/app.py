@@ -17,7 +17,7 @@ from ..core.log import events as ev
 from ..core.config.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, HitproofError
 from .model import RunModel
 from .screens import IsolationProgress, RequestDetail
-from .widgets import FindingsTable, MetricsStrip, PhaseList, SlotGrid, SlotPanel, TtftHistogram
+from .widgets import FindingsTable, MetricsStrip, PhaseList, ReplicaStrip, SlotGrid, SlotPanel, TtftHistogram
 
 QUIT_TIMEOUT = 60.0      # seconds the soak may take to end after the user quits
 FRAME_RATE = 24          # frames per second at most; events are folded in between frames
@@ -99,6 +99,7 @@ class HitproofApp(App):
                 yield TtftHistogram(id="ttft")
             yield SlotGrid(id="slots")
         yield MetricsStrip(id="metrics")
+        yield ReplicaStrip(id="replicas")
         yield FindingsTable(id="findings")
         yield Log(id="server-log", max_lines=2000, classes="hidden")
         yield Footer()
@@ -145,6 +146,7 @@ class HitproofApp(App):
         self.query_one(SlotGrid).reset()
         self._totals_shown = self._title_shown = None
         self.query_one(MetricsStrip)._drawn = None
+        self.query_one(ReplicaStrip)._drawn = None
         self.query_one(PhaseList)._drawn = None
         self.query_one(TtftHistogram)._drawn = None
         self.query_one("#server-log", Log).clear()
@@ -182,6 +184,7 @@ class HitproofApp(App):
         if slots.show(model, grid, self.force_compact):
             self._drawn_version = -1                              # a slot put its repaint off: next frame
         metrics.show(model)
+        self.query_one(ReplicaStrip).show(model)
         findings.show(model)
         ttft.show(model)
         if model.server_log_total > self._log_shown:

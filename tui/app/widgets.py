@@ -149,6 +149,39 @@ class MetricsStrip(Static):
         self.update(metrics_line(model), layout=False)       # one line, fixed height
 
 
+class ReplicaStrip(Static):
+    """Behind a router: one line per run, a cell per replica (requests, hits, hit rate, fails); hidden
+    without replicas. A replica that served requests and never hit while others did is shown in red."""
+    _drawn: tuple | None = None
+
+    def show(self, model: RunModel) -> None:
+        fold = model.report.replicas
+        rows = fold.rows() if fold.active else []
+        key = tuple((r["requests"], r["hits"], r["findings"]["fail"]) for r in rows)
+        if key == self._drawn:
+            return
+        self._drawn = key
+        self.display = bool(rows)
+        if rows:
+            self.update(replica_line(rows), layout=False)
+
+
+def replica_line(rows: list[dict]) -> Text:
+    out = Text("replicas", style="bold")
+    hitting = any(r["hits"] for r in rows)
+    for r in rows:
+        rate = "-" if r["hit_rate"] is None else f"{r['hit_rate'] * 100:.0f}%"
+        idle = hitting and not r["hits"]
+        style = "bold red" if idle or r["findings"]["fail"] else "green" if r["hits"] else "grey70"
+        out.append(f"  {r['label']} ", style="bold")
+        out.append(f"{r['requests']} req {r['hits']} hits {rate}", style=style)
+        if r["findings"]["fail"]:
+            out.append(f" {r['findings']['fail']} fail", style="bold red")
+        elif idle:
+            out.append(" no hit", style="bold red")
+    return out
+
+
 def _dash(value) -> str:
     return "-" if value is None else str(value)
 

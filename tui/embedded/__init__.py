@@ -54,8 +54,8 @@ def launch_spec(engine: str, *, port: int, model: str = "gemma3-270m", lora: boo
 
 
 def placeholders() -> dict[str, Callable[[], str]]:
-    """Values of the launch profiles' {llama_server}, {models} and {chat_template} (the embedded Gemma chat
-    template, package data of every install) (tui.core.server.profiles)."""
+    """Values of the launch profiles' {llama_server}, {models}, {chat_template} (the embedded Gemma chat
+    template, package data of every install) and {router_python} (tui.core.server.profiles)."""
     from ..core.config.errors import BadInput
     from .common import cache_dir, read_info
 
@@ -66,5 +66,14 @@ def placeholders() -> dict[str, Callable[[], str]]:
                              "llamacpp`")
         return str(binary)
 
+    def router_python() -> str:
+        from .router import router_python as python
+
+        path = python()
+        if path is None:
+            raise BadInput("{router_python}: the routers are not set up: run `hitproof setup --engine router`")
+        return str(path)
+
     return {"llama_server": llama_server, "models": lambda: str(cache_dir() / "models"),
+            "router_python": router_python,
             "chat_template": lambda: str(Path(__file__).resolve().parent / "gemma_chat.jinja")}

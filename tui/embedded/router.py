@@ -118,6 +118,12 @@ def prepare_router(progress: Progress = print) -> None:
         ])
 
 
+def router_python() -> Path | None:
+    """The interpreter of the routers' venv (`python -m vllm_router.launch_router ...`), None before setup."""
+    python = venv_python(_venv())
+    return python if python.exists() and (engine_home(HOME) / "info.json").exists() else None
+
+
 def router_version(router: str) -> str:
     kind = router_kind(router)
     versions = read_info(HOME).get("versions", {})

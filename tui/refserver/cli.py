@@ -33,6 +33,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache-report", action="store_true",
                         help="report no per-request cached tokens (usage without prompt_tokens_details, as "
                              "vLLM without --enable-prompt-tokens-details); /metrics still counts them")
+    parser.add_argument("--slot-save-path", metavar="DIR",
+                        help="llama.cpp's slot files: POST /slots/{id}?action=save|restore|erase (the restore phase)")
+    parser.add_argument("--no-prefix-caching", action="store_true",
+                        help="reuse nothing (vLLM's --no-enable-prefix-caching): every request is cold")
     parser.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens,
                         help="> 0: pretend a drafter and export vllm:spec_decode_* counters")
 
@@ -44,7 +48,10 @@ def _config(ns: argparse.Namespace) -> RefServerConfig:
         decode_ms_per_token=ns.decode_ms_per_token, model_name=ns.model_name,
         drift_min_tokens=getattr(ns, "drift_min_tokens", RefServerConfig.drift_min_tokens),
         num_speculative_tokens=getattr(ns, "num_speculative_tokens", 0),
-        cache_report=not getattr(ns, "no_cache_report", False), host=getattr(ns, "host", RefServerConfig.host))
+        cache_report=not getattr(ns, "no_cache_report", False),
+        prefix_caching=not getattr(ns, "no_prefix_caching", False),
+        slot_save_path=getattr(ns, "slot_save_path", None),
+        host=getattr(ns, "host", RefServerConfig.host))
 
 
 async def serve(config: RefServerConfig) -> None:

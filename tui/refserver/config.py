@@ -23,7 +23,9 @@ class RefServerConfig:
     num_speculative_tokens: int = 0  # > 0: pretend a drafter and export spec-decode counters
     max_model_len: int = 32768
     cache_report: bool = True  # False: usage carries no prompt_tokens_details (vLLM's default)
+    prefix_caching: bool = True  # False: nothing is ever reused (vLLM's --no-enable-prefix-caching)
     host: str = "127.0.0.1"
+    slot_save_path: str | None = None  # llama.cpp's --slot-save-path: POST /slots/{id}?action=save|restore|erase
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:

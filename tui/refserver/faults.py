@@ -46,7 +46,8 @@ from .cache import BlockState, PrefixCache
 from .tokenizer import EOS, ZERO, Token, is_word, token_for
 
 FAULTS = ("none", "zero_state", "foreign_state", "repeat_token", "empty_turn", "wording_drift",
-          "mixed_state", "slow_hits", "unaligned_report", "counter_drift", "partial_concurrent")
+          "mixed_state", "slow_hits", "unaligned_report", "counter_drift", "partial_concurrent",
+          "slot_noop", "slot_trust")   # the slot faults act on /slots restores (tui/refserver/slots.py)
 
 
 @dataclass
@@ -277,7 +278,7 @@ class WordingDrift(Fault):
 
 
 def make_fault(name: str, seed: int = 0, drift_min_tokens: int = 1000) -> Fault:
-    if name == "none":
+    if name in ("none", "slot_noop", "slot_trust"):
         return Fault()
     if name == "zero_state":
         return ZeroState()

@@ -16,6 +16,7 @@ from . import shapes
 from .cache import PrefixCache
 from .config import RefServerConfig
 from .faults import Restore, make_fault
+from .slots import Slots
 from .model import Generation, fingerprint_digest, generate
 from .tokenizer import Token, tokenize
 
@@ -47,6 +48,7 @@ class Admission:
     generation: Generation
     digest: bytes
     jittered: bool
+    slot: int | None = None        # llama.cpp's id_slot: the request leaves its state there
 
     @property
     def prompt_tokens(self) -> int:
@@ -68,29 +70,31 @@ class Pipeline:
         self.stats = Stats()
         self.hit_requests = 0
         self.running = 0
+        self.slots = Slots(config.slot_save_path, config.fault)
 
-    def admit(self, prompt_text: str, salt: str, max_tokens: int, request_id: str) -> Admission:
+    def admit(self, prompt_text: str, salt: str, max_tokens: int, request_id: str,
+              slot: int | None = None) -> Admission:
         prompt = tokenize(prompt_text)
         if len(prompt) >= self.config.max_model_len:
             raise PromptTooLong(
                 f"This model's maximum context length is {self.config.max_model_len} tokens. "
                 f"However, your prompt has {len(prompt)} tokens.")
         hashes = self.cache.hashes([t.id for t in prompt], salt)
-        blocks = self.cache.lookup(hashes, len(prompt))
+        blocks = self.cache.lookup(hashes, len(prompt)) if self.config.prefix_caching else []
         cached = len(blocks) * self.config.block_size
         restored: list[Token] = []
         if blocks:
             self.hit_requests += 1
             restored = self.fault.restore(Restore(blocks, prompt, request_id, self.hit_requests, self.cache,
                                                   running=self.running))
-        state = restored + prompt[cached:]
+        state = self.slots.poison(slot, restored + prompt[cached:])
         jitter = self.fault.jitter(len(prompt))
         generation = generate(state, max_tokens, jitter)
         self.stats.queries += len(prompt)
         self.stats.hits += self.fault.counted(cached)
         self.stats.prompt_tokens += len(prompt)
         return Admission(request_id, prompt, hashes, cached, state, generation,
-                         fingerprint_digest(state), jitter is not None)
+                         fingerprint_digest(state), jitter is not None, slot)
 
     def prefill_seconds(self, adm: Admission) -> float:
         tokens = self.fault.prefill_tokens(adm.prompt_tokens, adm.cached_tokens)
@@ -104,6 +108,11 @@ class Pipeline:
 
     def commit(self, adm: Admission) -> None:
         self.cache.store(adm.hashes, adm.state, adm.request_id)
+        self.slots.remember(adm.slot, adm.state)
+
+    def store_restored(self, tokens: list[Token], filename: str) -> None:
+        """A slot restore: the file's state back in the prefix cache (the unsalted chain)."""
+        self.cache.store(self.cache.hashes([t.id for t in tokens]), tokens, f"slot-restore-{filename}")
 
     def outcome(self, adm: Admission, stops: list[str]) -> Outcome:
         pieces = adm.generation.pieces

@@ -19,6 +19,7 @@ from .config import VERSION
 from .pipeline import Admission, Pipeline, Outcome, PromptTooLong
 from .metrics import render
 from .protocol import BadRequest, Params, load_json, parse_chat, parse_completion, tokenize_request
+from .slots import SlotRefused
 from .tokenizer import detokenize, tokenize
 
 PIPELINE = web.AppKey("pipeline", Pipeline)
@@ -27,6 +28,13 @@ STARTED = web.AppKey("started", int)
 
 def _error(message: str, status: int = 400, param: str | None = None) -> web.Response:
     return web.json_response(shapes.error_body(message, status, param), status=status)
+
+
+def _sibling(asked: object, served: str) -> bool:
+    if not isinstance(asked, str) or "@" not in served:
+        return False
+    base = served.rsplit("@", 1)[0]
+    return asked == base or asked.rsplit("@", 1)[0] == base
 
 
 async def health(request: web.Request) -> web.Response:
@@ -81,11 +89,14 @@ async def _generate(request: web.Request, parse) -> web.StreamResponse:
     try:
         body = load_json(await request.read())
         wanted = pipeline.config.model_name
-        if body.get("model") not in (None, wanted):
+        # a replica serving as NAME@i (tui/refserver/replicas.py) answers for NAME and its siblings
+        if body.get("model") not in (None, wanted) and not _sibling(body.get("model"), wanted):
             return _error(f"The model `{body.get('model')}` does not exist.", 404, "model")
         params: Params = parse(body)
         rid = ("chatcmpl-" if params.chat else "cmpl-") + uuid.uuid4().hex
-        adm = pipeline.admit(params.prompt_text, params.cache_salt, params.max_tokens, rid)
+        slot = body.get("id_slot")
+        slot = slot if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0 else None
+        adm = pipeline.admit(params.prompt_text, params.cache_salt, params.max_tokens, rid, slot)
     except (BadRequest, PromptTooLong) as exc:
         return _error(str(exc), param=getattr(exc, "param", None))
     pipeline.running += 1
@@ -163,6 +174,29 @@ async def _stream(request: web.Request, pipeline: Pipeline, params: Params, adm:
     return resp
 
 
+async def slot_action(request: web.Request) -> web.Response:
+    """llama.cpp's POST /slots/{id}?action=save|restore|erase (tui/refserver/slots.py)."""
+    pipeline = request.app[PIPELINE]
+    try:
+        slot = int(request.match_info["id"])
+    except ValueError:
+        return _error("Invalid slot ID")
+    action = request.query.get("action")
+    try:
+        body = load_json(await request.read()) if action in ("save", "restore") else {}
+        filename = body.get("filename")
+        if action == "save":
+            return web.json_response(pipeline.slots.save(slot, filename))
+        if action == "restore":
+            return web.json_response(pipeline.slots.restore(
+                slot, filename, lambda tokens: pipeline.store_restored(tokens, str(filename))))
+        if action == "erase":
+            return web.json_response(pipeline.slots.erase(slot))
+    except (BadRequest, SlotRefused) as exc:
+        return _error(str(exc))
+    return _error("Invalid action")
+
+
 def build_app(pipeline: Pipeline) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[PIPELINE] = pipeline
@@ -175,4 +209,5 @@ def build_app(pipeline: Pipeline) -> web.Application:
     app.router.add_post("/detokenize", detokenize_route)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/slots/{id}", slot_action)
     return app

@@ -21,6 +21,9 @@ PHASE_NAMES = (
     "agent_replay",
     "mix",
 )
+# Phases a scenario must ask for (never in the default list): restore needs launched llama.cpp replicas.
+OPTIONAL_PHASES = ("restore",)
+KNOWN_PHASES = PHASE_NAMES + OPTIONAL_PHASES
 APIS = ("completions", "chat")
 
 
@@ -124,6 +127,18 @@ class Mix:
     reproduce: int = 5               # re-sends each way (hits, cold) before a deviation is the cache's
 
 
+RESTORE_DAMAGES = ("truncated", "short", "magic", "flipped", "scrambled")   # tui/core/soak/phases/restore.py
+
+
+@dataclass(frozen=True)
+class Restore:
+    """llama.cpp slot state that moves: saved on one replica, restored on another and after a restart."""
+    memo_tokens: int = 600
+    slot: int = 0                    # the slot the memo is prefilled in, saved from and restored into
+    damaged_slot: int = 1            # where the damaged files are restored (then checked, then erased)
+    damages: tuple[str, ...] = ("truncated", "magic", "scrambled")   # see tui/core/soak/phases/restore.py
+
+
 @dataclass(frozen=True)
 class Isolation:
     k: int = 4
@@ -159,6 +174,7 @@ class Scenario:
     control: Control = field(default_factory=Control)
     agent_replay: AgentReplay = field(default_factory=AgentReplay)
     mix: Mix = field(default_factory=Mix)
+    restore: Restore = field(default_factory=Restore)
     isolation: Isolation = field(default_factory=Isolation)
     power: Power = field(default_factory=Power)
     source: str = "<built-in>"       # file it came from
@@ -190,6 +206,7 @@ _SECTIONS: dict[str, type] = {
     "phases.control": Control,
     "phases.agent_replay": AgentReplay,
     "phases.mix": Mix,
+    "phases.restore": Restore,
 }
 _TOP_KEYS = {"name", "description", "api", "model", "phases", "seed", "request_timeout"}
 _MINIMUMS = {
@@ -237,9 +254,9 @@ def _build(data: dict, text: str, source: str) -> Scenario:
     if "phases" in values:
         seen = set()
         for name in values["phases"]:
-            if name not in PHASE_NAMES:
+            if name not in KNOWN_PHASES:
                 raise _fail(text, source, "scenario", "phases",
-                            f"unknown phase {name!r} (known: {', '.join(PHASE_NAMES)})")
+                            f"unknown phase {name!r} (known: {', '.join(KNOWN_PHASES)})")
             if name in seen:
                 raise _fail(text, source, "scenario", "phases", f"phase {name!r} listed twice")
             seen.add(name)
@@ -252,7 +269,7 @@ def _build(data: dict, text: str, source: str) -> Scenario:
     for name in phases_table:
         if f"phases.{name}" not in _SECTIONS:
             raise _fail(text, source, f"phases.{name}", None,
-                        f"unknown phase {name!r} (known: {', '.join(PHASE_NAMES)})")
+                        f"unknown phase {name!r} (known: {', '.join(KNOWN_PHASES)})")
     for section, cls in _SECTIONS.items():
         table = phases_table.get(section.split(".", 1)[1]) if section.startswith("phases.") \
             else data.get(section)
@@ -305,6 +322,10 @@ def _check_relations(s: Scenario, text: str, source: str) -> None:
         raise _fail(text, source, "sampling", "temperature", "fingerprints compare greedy runs: use temperature = 0")
     if s.sampling.temperature < 0:
         raise _fail(text, source, "sampling", "temperature", "must be >= 0")
+    if any(d not in RESTORE_DAMAGES for d in s.restore.damages):
+        raise _fail(text, source, "phases.restore", "damages", f"must list damages from {', '.join(RESTORE_DAMAGES)}")
+    if s.restore.slot == s.restore.damaged_slot or min(s.restore.slot, s.restore.damaged_slot) < 0:
+        raise _fail(text, source, "phases.restore", "damaged_slot", "must be a slot number other than `slot`")
     if not s.rotation.tasks or any(t not in ("recall", "summary") for t in s.rotation.tasks):
         raise _fail(text, source, "phases.rotation", "tasks", 'must list "recall" and/or "summary"')
     if s.mix.partial_rate > 1.0:

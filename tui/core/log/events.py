@@ -56,6 +56,10 @@ class ServerInfo(Event):
     cached_queries: str = ""    # its query counter, to tell other clients' traffic apart
     cached_fix: str = ""        # the server option that would make it report per-request cached tokens
     facts: dict[str, Any] = field(default_factory=dict)
+    # Behind a router: the replicas hitproof reads directly ({index, label, url, models}) and how each
+    # request is attributed to one ("header NAME" | "model field" | "counter" | "none"); empty without.
+    replicas: list[dict[str, Any]] = field(default_factory=list)
+    replica_attribution: str = ""
 
 
 @dataclass
@@ -144,6 +148,8 @@ class RequestFinished(Event):
     cached_min: int | None = None
     cached_max: int | None = None
     cold_tolerance: int | None = None    # tokens a cold request may share (before the run nonce)
+    replica: int | None = None           # the replica that served it (behind a router), None: unknown
+    replica_source: str = ""             # how that is known: "header" | "model" | "counter" | ""
 
 
 @dataclass
@@ -159,6 +165,7 @@ class Finding(Event):
     detail: str = ""
     memo: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    replica: int | None = None  # the replica that served the request it is about (behind a router)
 
 
 @dataclass
@@ -233,6 +240,18 @@ class PowerJudged(Event):
 
 
 @dataclass
+class ReplicasJudged(Event):
+    """Behind a router, once every phase has run: per replica what it served, and whether the
+    routing let every replica be checked (a replica that never hits while others do is not a pass)."""
+    type: ClassVar[str] = "replicas"
+    attribution: str = ""       # how requests were attributed (ServerInfo.replica_attribution)
+    rows: list[dict[str, Any]] = field(default_factory=list)   # index, url, requests, hits, ...
+    unattributed: int = 0       # requests whose replica stayed unknown
+    routing_ok: bool = True     # False: some replica never hit while another did
+    detail: str = ""
+
+
+@dataclass
 class PhaseFinished(Event):
     type: ClassVar[str] = "phase_end"
     phase: str = ""
@@ -253,7 +272,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls for cls in (RunHeader, ServerInfo, MemoPlanted, PhaseStarted, RoundStarted,
                               RequestStarted, AnswerDelta, RequestFinished, Finding, FingerprintCompared,
                               MetricsSample,
-                              ServerLog, CheckpointSeen, IsolationStarted, IsolationFinished, PowerJudged, PhaseFinished,
+                              ServerLog, CheckpointSeen, IsolationStarted, IsolationFinished, PowerJudged, ReplicasJudged, PhaseFinished,
                               RunFinished)
 }
 _FIELDS = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in EVENT_TYPES.items()}

@@ -65,3 +65,24 @@ def determinism_line(report: RunReport) -> str | None:
     return (f"determinism: {d.get('kind')} (first divergence: hit vs cold {off(d.get('hit_vs_cold'))}, hit vs hit "
             f"{off(d.get('hit_vs_hit'))}, cold vs cold {off(d.get('cold_vs_cold'))}, short cold control "
             f"{off(d.get('short_control'))})")
+
+
+def restore_lines(report: RunReport) -> list[str]:
+    """What the restore phase saw: each move of the saved slot (cached tokens of the continuation after
+    the restore) and each damaged file's outcome."""
+    r = (report.phases.get("restore") or {}).get("restore")
+    if not r:
+        return []
+    lines = []
+    for m in r.get("moves", []):
+        cached = fmt.MISSING if m.get("cached") is None else m["cached"]
+        lines.append(f"restore {m.get('how')}: r{m.get('replica')}: {fmt_count(m.get('restored'))} of "
+                     f"{fmt_count(m.get('saved'))} saved tokens restored, {cached} reused")
+    for d in r.get("damages", []):
+        lines.append(f"damaged slot file ({d.get('damage')}, {fmt_count(d.get('bytes'))} bytes) on "
+                     f"r{d.get('replica')}: {d.get('outcome') or 'not judged'}")
+    return lines
+
+
+def fmt_count(value) -> str:
+    return fmt.MISSING if value is None else f"{value:,}"

@@ -179,6 +179,7 @@ def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
                    f'<td class="n">{counts["fail"]}/{counts["warn"]}/{counts["info"]}</td>'
                    f'<td>{_e("; ".join(phase.get("reasons") or []) or "")}</td></tr>')
     out.append("</table>")
+    out.extend(_replica_rows(report))
 
     # TTFT
     out.append('<h2 id="ttft">Time to first token, cold vs hit</h2>')
@@ -273,6 +274,29 @@ def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
     out.append(f'<p class="small">hitproof{" " + _e(tool) if tool else ""}: a self-contained page, no script, '
                "no network.</p></body></html>\n")
     return "".join(out)
+
+
+def _replica_rows(report: RunReport) -> list[str]:
+    """Behind a router: a row per replica, how requests were attributed, and the routing judgment."""
+    fold = report.replicas
+    if not fold.active:
+        return []
+    from .replicas import rate_cell
+
+    out = ['<h2 id="replicas">Replicas</h2><table class="phases"><tr><th>replica</th><th>url</th><th>requests</th>'
+           '<th>hits</th><th>hit rate</th><th>cached tokens</th><th>findings f/w/i</th></tr>']
+    for r in fold.rows():
+        f = r["findings"]
+        out.append(f'<tr><td>{_e(r["label"])}</td><td>{_e(r["url"])}</td><td class="n">{r["requests"]}</td>'
+                   f'<td class="n">{r["hits"]}</td><td class="n">{_e(rate_cell(r["hit_rate"]))}</td>'
+                   f'<td class="n">{_e(_thousands(r["cached_tokens"]))}</td>'
+                   f'<td class="n">{f["fail"]}/{f["warn"]}/{f["info"]}</td></tr>')
+    out.append("</table>")
+    how = fold.judged.attribution if fold.judged and fold.judged.attribution else fold.attribution
+    ok, detail = fold.routing()
+    out.append(f"<p>Attributed by {_e(how or 'nothing')}."
+               + (f' <span class="status-inconclusive">Routing: {_e(detail)}</span>' if not ok else "") + "</p>")
+    return out
 
 
 def _thousands(value: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .replicas import rate_cell
 from . import facts, fmt
 from .facts import SEVERITY_ORDER
 from .incident import incident_rows
@@ -32,8 +33,8 @@ def to_markdown(report: RunReport) -> str:
              f"{report.last_t:.1f} s.", ""]
     if report.warning:
         lines += [f"> **Warning:** {report.warning}", ""]
-    for section in (_server_and_run, incident_markdown, _phases, _timing, ttft_markdown, _findings, _isolations,
-                    _power):
+    for section in (_server_and_run, incident_markdown, _phases, _replicas, _timing, ttft_markdown, _findings,
+                    _isolations, _power):
         lines += section(report)
     return "\n".join(lines)
 
@@ -82,15 +83,38 @@ def _phases(report: RunReport) -> list[str]:
 
 
 def _timing(report: RunReport) -> list[str]:
-    timing = facts.ttft_lines(report) + [x for x in [facts.determinism_line(report)] if x]
+    timing = facts.ttft_lines(report) + [x for x in [facts.determinism_line(report)] if x] + facts.restore_lines(report)
     return ["### Timing and determinism", ""] + [f"- {t}" for t in timing] + [""] if timing else []
+
+
+def _replicas(report: RunReport) -> list[str]:
+    fold = report.replicas
+    if not fold.active:
+        return []
+    rows = [[r["label"], r["url"], r["requests"], r["hits"], rate_cell(r["hit_rate"]), r["cached_tokens"],
+             f"{r['findings']['fail']}/{r['findings']['warn']}/{r['findings']['info']}"] for r in fold.rows()]
+    lines = ["### Replicas", ""] + _table(["replica", "url", "requests", "hits", "hit rate", "cached tokens",
+                                            "findings f/w/i"], rows) + [""]
+    how = fold.judged.attribution if fold.judged and fold.judged.attribution else fold.attribution
+    notes = [f"Attributed by {how}." if how else "",
+             f"{fold.unattributed} request(s) not attributed to a replica." if fold.unattributed else "",
+             f"{fold.routing_misses} routing miss(es): meant to hit, sent to a replica that had never served the memo, "
+             f"sent again." if fold.routing_misses else ""]
+    ok, detail = fold.routing()
+    if not ok:
+        notes.append(f"**Routing:** {detail}.")
+    return lines + [" ".join(n for n in notes if n), ""]
 
 
 def _findings(report: RunReport) -> list[str]:
     ordered = facts.sorted_findings(report)
     c = {s: sum(1 for f in ordered if f.severity == s) for s in SEVERITY_ORDER}
     lines = [f"### Findings ({c['fail']} fail, {c['warn']} warn, {c['info']} info)", ""]
-    if ordered:
+    if ordered and report.replicas.active:
+        lines += _table(["severity", "kind", "phase", "replica", "slot", "round", "request", "offset", "detail"],
+                        [[f.severity, f"`{f.kind}`", f.phase, None if f.replica is None else f"r{f.replica}", f.slot,
+                          f.round, f.request, f.offset, f.detail] for f in ordered])
+    elif ordered:
         lines += _table(["severity", "kind", "phase", "slot", "round", "request", "offset", "detail"],
                         [[f.severity, f"`{f.kind}`", f.phase, f.slot, f.round, f.request, f.offset, f.detail]
                          for f in ordered])

@@ -6,13 +6,15 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..log.events import (Event, Finding, FingerprintCompared, IsolationFinished, PhaseFinished, PhaseStarted,
-                          PowerJudged, RequestFinished, RequestStarted, RunFinished, RunHeader, ServerInfo)
+                          PowerJudged, ReplicasJudged, RequestFinished, RequestStarted, RunFinished, RunHeader,
+                          ServerInfo)
 from .power import EvidenceTally
 from .tables import EndTable, StartTable
 from .latency import LatencyFold
+from .replicas import ReplicaFold
 from ..checks.verdicts import exit_code, run_verdict
 
-FINDING_KEYS = ("kind", "severity", "phase", "slot", "round", "request", "offset", "detail")
+FINDING_KEYS = ("kind", "severity", "phase", "slot", "round", "request", "offset", "detail", "replica")
 
 
 @dataclass
@@ -33,6 +35,7 @@ class RunReport:
     warning: str | None = None
     last_t: float = 0.0
     latency: LatencyFold = field(default_factory=LatencyFold)    # TTFT cold vs hit per phase (tui.core.report.latency)
+    replicas: ReplicaFold = field(default_factory=ReplicaFold)   # per replica, behind a router
 
     def feed(self, event: Event) -> None:
         if event.t > self.last_t:
@@ -42,6 +45,8 @@ class RunReport:
             handler(self, event)
             if type(event) in _TALLIED:
                 self.tally.feed(event)
+            if type(event) in _REPLICATED:
+                self.replicas.feed(event)
 
     def _on_header(self, event: RunHeader) -> None:
         self.header = event
@@ -99,7 +104,8 @@ class RunReport:
         fails = sum(1 for f in self.findings if f.severity == "fail")
         if self.end is None and not fails:
             return "incomplete"
-        return run_verdict(statuses, fails, self.power_target is None or self.power_target.reached)
+        return run_verdict(statuses, fails, (self.power_target is None or self.power_target.reached)
+                           and self.replicas.routing()[0])
 
     @property
     def exit_code(self) -> int:
@@ -134,6 +140,7 @@ class RunReport:
                 "launch_command": self.header.target.get("launch_command") if self.header else None,
             },
             "warning": self.warning,
+            **({"replicas": self.replicas.to_json()} if self.replicas.active else {}),
         }
 
     def _finding(self, f: Finding) -> dict[str, Any]:
@@ -152,8 +159,10 @@ _FEEDERS = {RunHeader: RunReport._on_header, ServerInfo: RunReport._on_server, P
             PhaseFinished: RunReport._on_phase_end, RequestStarted: RunReport._on_request_start,
             RequestFinished: RunReport._on_request_end, Finding: RunReport._on_finding,
             FingerprintCompared: RunReport._on_fingerprint, IsolationFinished: RunReport._on_isolation_end,
-            RunFinished: RunReport._on_run_end, PowerJudged: RunReport._on_power}
+            RunFinished: RunReport._on_run_end, PowerJudged: RunReport._on_power,
+            ReplicasJudged: lambda report, event: None}
 _TALLIED = frozenset({RequestStarted, RequestFinished, FingerprintCompared, Finding, PhaseFinished})
+_REPLICATED = frozenset({ServerInfo, RequestStarted, RequestFinished, Finding, ReplicasJudged})
 
 
 FED_TYPES = frozenset(cls.type for cls in _FEEDERS)     # the event types a RunReport reads; a log reader may skip the rest

@@ -153,6 +153,8 @@ class OpenAIClient:
                 body["top_logprobs"] = spec.logprobs
             else:
                 body["logprobs"] = spec.logprobs
+        if spec.slot_id is not None:
+            body["id_slot"] = spec.slot_id        # llama.cpp pins the request to that slot
         if spec.salt is not None:
             if self.dialect == "llamacpp":
                 body["cache_prompt"] = False      # llama.cpp has no salt: refuse reuse instead
@@ -204,6 +206,7 @@ class OpenAIClient:
             async with self._http.stream("POST", path, content=content, headers=JSON_HEADERS,
                                          extensions=STREAM_EXTENSIONS) as response:
                 answered = True
+                result.headers = dict(response.headers)
                 # the streaming transport stamps when the request went on the wire and when each
                 # network read arrived (before any parsing); other transports: stamped here
                 clock = response.extensions.get(CLOCK)
@@ -284,6 +287,8 @@ class OpenAIClient:
         if "error" in chunk:
             raise StreamError(f"server error in stream: {_error_text(json.dumps(chunk['error']))}")
         result.chunks += 1
+        if result.model is None and isinstance(chunk.get("model"), str):
+            result.model = chunk["model"]
         usage = chunk.get("usage")
         timings = chunk.get("timings")
         if usage or timings:

@@ -33,15 +33,18 @@ from typing import Any, Callable, Mapping
 
 from ..config.errors import BadInput
 from ..config import builtin, toml
+from .profile_replicas import (ROUTER_PLACEHOLDERS, ReplicaSpec, check_router_metrics, check_router_placeholders,
+                               parse_replicas)
 
 __all__ = ["DEFAULT_STARTUP_TIMEOUT", "LaunchPlan", "Profile", "adhoc_plan", "env_of_interest", "load_profile",
            "parse_profile", "resolve_profile_path"]
 
 DEFAULT_STARTUP_TIMEOUT = 600.0   # long enough for a first model load
 # placeholders whose values come from the embedded engines (tui.embedded), handed in by the caller
-EMBEDDED_PLACEHOLDERS = ("llama_server", "models", "chat_template")
+EMBEDDED_PLACEHOLDERS = ("llama_server", "models", "chat_template", "router_python")
 Placeholders = Mapping[str, Callable[[], str]]
-_KEYS = ("name", "description", "command", "url", "env", "startup_timeout", "overlays", "facts")
+_KEYS = ("name", "description", "command", "url", "env", "startup_timeout", "overlays", "facts", "replicas",
+         "router_metrics")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _INTERESTING_ENV = re.compile(r"^(VLLM_|CUDA_|LLAMA_|SGLANG_|NCCL_|PYTORCH_CUDA_|TORCH_CUDA_)")
 _SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
@@ -68,6 +71,8 @@ class Profile:
     source: str = "<profile>"
     text: str = ""
     base: str = "."                  # the profile file's folder: overlays and {profile_dir}
+    replicas: ReplicaSpec | None = None   # [replicas]: servers started before the command (a router)
+    router_metrics: str | None = None     # the router's own metrics URL (its per-worker counters)
 
     @property
     def sha256(self) -> str:
@@ -77,10 +82,23 @@ class Profile:
         """The concrete launch: {port} filled (a free port if none given), ~ expanded, env merged.
         `placeholders` give the values of {llama_server}, {models} and {chat_template} (the embedded engines know
         them; the core does not), each called only if the profile uses it."""
+        from .launch import free_port
         if port is None and ("{port}" in self.command or "{port}" in self.url):
-            from .launch import free_port
             port = free_port()
-        fill = lambda text, shell=False: _fill(text, port, self.base, shell, placeholders or {})   # noqa: E731
+        extra: dict[str, str] = {}
+        replicas: list[LaunchPlan] = []
+        slot_dir = None
+        if self.replicas is not None:
+            if "{slot_dir}" in self.command + self.replicas.command:
+                import tempfile
+                slot_dir = tempfile.mkdtemp(prefix="hitproof-slots-")
+            taken = {port}
+            for index in range(self.replicas.count):
+                replicas.append(self._replica_plan(index, taken, slot_dir, placeholders))
+            extra = {"replica_urls": " ".join(shlex.quote(r.url) for r in replicas),
+                     "metrics_port": str(_another_port(taken)), "slot_dir": shlex.quote(slot_dir or "")}
+        fill = lambda text, shell=False: _fill(text, port, self.base, shell, placeholders or {},   # noqa: E731
+                                               extra if shell else {k: v.strip("'") for k, v in extra.items()})
         command = fill(self.command, True)
         try:
             argv = [_expand(word) for word in shlex.split(command)]
@@ -94,7 +112,28 @@ class Profile:
             profile={"name": self.name, "source": self.source, "sha256": self.sha256,
                      "description": self.description},
             overlays=[{"path": o.path, "resolved": o.resolved, "sha256": o.sha256, "bytes": o.bytes}
-                      for o in self.overlays])
+                      for o in self.overlays],
+            replicas=replicas, router_metrics=fill(self.router_metrics) if self.router_metrics else None,
+            slot_dir=slot_dir)
+
+    def _replica_plan(self, index: int, taken: set, slot_dir: str | None,
+                      placeholders: Placeholders | None) -> "LaunchPlan":
+        spec = self.replicas
+        assert spec is not None
+        port = _another_port(taken)
+        extra = {"index": str(index), "slot_dir": shlex.quote(slot_dir or "")}
+        command = _fill(spec.command, port, self.base, True, placeholders or {}, extra)
+        try:
+            argv = [_expand(word) for word in shlex.split(command)]
+        except ValueError as exc:
+            raise BadInput(f"{self.source}: replicas.command: {exc}") from None
+        env_add = {k: os.path.expanduser(_fill(v, port, self.base, False, placeholders or {},
+                                                {"index": str(index)})) for k, v in {**self.env, **spec.env}.items()}
+        url = _fill(spec.url, port, self.base, False, placeholders or {}, {"index": str(index)}).rstrip("/")
+        return LaunchPlan(argv=argv, url=url, env=_child_env(env_add),
+                          env_of_interest=env_of_interest(env_add, _child_env(env_add)),
+                          startup_timeout=spec.startup_timeout, engine=_engine_guess(argv),
+                          facts={"replica": index})
 
 
 @dataclass
@@ -110,6 +149,11 @@ class LaunchPlan:
     facts: dict[str, Any] = field(default_factory=dict)
     profile: dict[str, Any] | None = None     # name, source, sha256, description
     overlays: list[dict[str, Any]] = field(default_factory=list)
+    # Several servers behind a router (this plan's command): each replica's own plan, started first;
+    # the router's metrics URL; the folder the replicas save llama.cpp slots in (hitproof's, per run).
+    replicas: list["LaunchPlan"] = field(default_factory=list)
+    router_metrics: str | None = None
+    slot_dir: str | None = None
 
     @property
     def command_line(self) -> str:
@@ -150,9 +194,15 @@ def parse_profile(text: str, source: str = "<profile>", *, base: Path | None = N
     facts = data.get("facts", {})
     if not isinstance(facts, dict):
         raise fail("facts", "must be a table [facts]")
-    return Profile(name=name, command=command, url=_url(data, command, source, fail), env=_env(data, fail),
-                   startup_timeout=_startup_timeout(data, fail), overlays=_overlays(data, base, fail),
-                   facts=dict(facts), description=description, source=source, text=text, base=str(base))
+    in_table = lambda key, message, section="replicas": fail(key, message, section)   # noqa: E731
+    replicas = parse_replicas(data, fail, lambda t: _command(t, f"{source}: replicas", in_table),
+                              lambda t, extra: _url(t, t["command"], f"{source}: replicas", in_table, extra),
+                              lambda t: _startup_timeout(t, in_table), lambda t: _env(t, in_table))
+    check_router_placeholders(command, replicas, fail)
+    return Profile(name=name, command=command, url=_url(data, command, source, fail, ROUTER_PLACEHOLDERS),
+                   env=_env(data, fail), startup_timeout=_startup_timeout(data, fail),
+                   overlays=_overlays(data, base, fail), facts=dict(facts), description=description, source=source,
+                   text=text, base=str(base), replicas=replicas, router_metrics=check_router_metrics(data, fail))
 
 
 def _command(data: dict, source: str, fail) -> str:
@@ -174,7 +224,7 @@ def _command(data: dict, source: str, fail) -> str:
     return command
 
 
-def _url(data: dict, command: str, source: str, fail) -> str:
+def _url(data: dict, command: str, source: str, fail, extra: tuple[str, ...] = ()) -> str:
     url = data.get("url")
     if url is None:
         if "{port}" not in command:
@@ -188,10 +238,10 @@ def _url(data: dict, command: str, source: str, fail) -> str:
         url = url[:-3]
     in_command = re.findall(r"\{([A-Za-z_]\w*)\}", command)
     for placeholder in re.findall(r"\{([A-Za-z_]\w*)\}", command + " " + url):
-        if placeholder not in ("port", "python", "profile_dir", *EMBEDDED_PLACEHOLDERS):
+        if placeholder not in ("port", "python", "profile_dir", *EMBEDDED_PLACEHOLDERS, *extra):
+            known = ", ".join("{" + k + "}" for k in ("port", "python", "profile_dir", *EMBEDDED_PLACEHOLDERS, *extra))
             raise fail("command" if placeholder in in_command else "url",
-                       f"unknown placeholder {{{placeholder}}} (known: {{port}}, {{python}}, {{profile_dir}}, "
-                       f"{{llama_server}}, {{models}}, {{chat_template}})")
+                       f"unknown placeholder {{{placeholder}}} (known: {known})")
     return url
 
 
@@ -264,9 +314,12 @@ def _toml_str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _fill(text: str, port: int | None, base: str, shell: bool, placeholders: Placeholders) -> str:
+def _fill(text: str, port: int | None, base: str, shell: bool, placeholders: Placeholders,
+          extra: Mapping[str, str] | None = None) -> str:
     q = shlex.quote if shell else str
     text = text.replace("{python}", q(sys.executable)).replace("{profile_dir}", q(base))
+    for name, value in (extra or {}).items():       # already quoted for the shell where they need it
+        text = text.replace("{" + name + "}", value)
     for name in EMBEDDED_PLACEHOLDERS:
         if "{" + name + "}" in text:
             provide = placeholders.get(name)
@@ -275,6 +328,15 @@ def _fill(text: str, port: int | None, base: str, shell: bool, placeholders: Pla
                                f"which only `hitproof run --profile` and `hitproof matrix` provide")
             text = text.replace("{" + name + "}", q(provide()))
     return text.replace("{port}", str(port)) if port is not None else text
+
+
+def _another_port(taken: set) -> int:
+    from .launch import free_port
+    while True:
+        port = free_port()
+        if port not in taken:
+            taken.add(port)
+            return port
 
 
 def _expand(word: str) -> str:

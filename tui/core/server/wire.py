@@ -53,6 +53,7 @@ class RequestSpec:
     model: str = ""
     logprobs: int | None = None               # top-k log-probabilities per output token
     tools: list[dict] | None = None           # chat tool schemas, sent as given
+    slot_id: int | None = None                # llama.cpp: pin the request to this slot (id_slot)
 
     def prompt_chars(self) -> int:
         if self.prompt is not None:
@@ -75,6 +76,8 @@ class Completion:
     # per output token: [token, logprob, [[alternative, logprob], ...]] when logprobs were asked for
     logprobs: list[list] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)   # what was odd about the stream but tolerated
+    model: str | None = None                  # the answer's own `model` field (a replica's alias names it)
+    headers: dict[str, str] = field(default_factory=dict)   # the response's headers
 
 
 def _cached_tokens(usage: dict | None, timings: dict | None) -> int | None:

@@ -13,6 +13,7 @@ from ..log.events import CheckpointSeen, Event, ServerInfo
 from ..report.power import EvidenceTally
 from ..server.client import OpenAIClient
 from ..server.metrics import MetricSnapshot
+from ..server.replicas import ClusterSnapshot, ReplicaSet
 
 
 @dataclass
@@ -30,3 +31,9 @@ class SoakContext:
     checkpoints_seen: Callable[[], bool]                      # whether the server's log has shown any
     tally: EvidenceTally                                      # hits checked per kind of evidence
     metrics_available: bool
+    # Behind a router (--replica): the replicas read directly, their counters, what each served;
+    # and, when hitproof launched them, a way to restart one and the folder their slots are saved in.
+    replicas: ReplicaSet | None = None
+    replica_scrape: Callable[[], Awaitable[ClusterSnapshot]] | None = None
+    restart_replica: Callable[[int], Awaitable[None]] | None = None
+    slot_dir: str | None = None

@@ -8,7 +8,7 @@ import time
 import random
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from ..server.client import OpenAIClient
 from ..config.errors import EXIT_INTERRUPTED, EXIT_SERVER, HitproofError, ServerProblem
@@ -28,6 +28,7 @@ from ..config.scenario import Scenario
 from ..evidence.tokens import TokenCounter
 from ..checks.verdicts import exit_code, run_verdict
 from ..server.restarts import RestartWatch
+from .cluster import ClusterView
 
 DEFAULT_GRID = 16
 
@@ -48,6 +49,12 @@ class Target:
     # The incident record (tui.core.server.incident.build_incident): version, commit, model, quantization,
     # speculative decoding, cache config, cache reuse, overlays, env ... ; goes in the header.
     incident: dict[str, Any] = field(default_factory=dict)
+    # Behind a router (url is the router's): the replicas' own URLs, the router's metrics endpoint,
+    # and, when hitproof launched them, how to restart replica i and the folder their slots are saved in.
+    replicas: list[str] = field(default_factory=list)
+    router_metrics: str | None = None
+    restart_replica: Callable[[int], Awaitable[None]] | None = None
+    slot_dir: str | None = None
 
 
 @dataclass
@@ -88,17 +95,23 @@ class SoakEngine:
         self._pending = {"fail": 0, "warn": 0, "info": 0}      # findings before the first phase started
         self._stop = asyncio.Event()     # stop_with: the soak ends now with that error
         self._stop_error: HitproofError | None = None
+        self.cluster = (ClusterView(list(target.replicas), router_metrics=target.router_metrics,
+                                    timeout=scenario.request_timeout, restarts=self.restarts,
+                                    restart=target.restart_replica) if target.replicas else None)
         bus.subscribe(self._watch)
 
     def _watch(self, event: Event) -> None:
         """Every event on the bus: the tally, checkpoint lines, and each finding counted where it belongs
         (whoever emitted it: a phase, the judge, or the launched server's log relay)."""
         self.tally.feed(event)
+        if self.cluster is not None:
+            self.cluster.tally.feed(event)
         if isinstance(event, CheckpointSeen):
             self.checkpoints.append((time.monotonic(), event))
         elif isinstance(event, Finding):
             self.findings.append(event)
             self._count(event)
+
 
     def _count(self, finding: Finding) -> None:
         """A finding counts in the phase that is running; one before the first phase or between phases
@@ -143,6 +156,8 @@ class SoakEngine:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        if self.cluster is not None:
+            await self.cluster.aclose()
 
     async def isolate(self, finding: Finding) -> IsolationResult | None:
         """Re-send a flagged request alone, k times as hits and k times cold (k from the scenario)."""
@@ -204,7 +219,7 @@ class SoakEngine:
         code = info.get("exit_code")
         lines = [line for line in info.get("last_lines") or [] if line.strip()]
         how = "was killed by signal %d" % -code if isinstance(code, int) and code < 0 else f"exited with code {code}"
-        message = f"the server process {how} during the soak"
+        message = f"{info.get('process') or 'the server process'} {how} during the soak"
         if lines:
             message += f"; last output: {lines[-1].strip()[:300]}"
         return message, {"exit_code": code, "last_lines": lines[-20:]}
@@ -226,13 +241,18 @@ class SoakEngine:
 
     async def _run_phases(self) -> Outcome:
         info = await self._discover()
+        tokenizer = self.cluster.set.clients[0] if self.cluster else self.client
         counter = TokenCounter(
-            (lambda text: self.client.tokenize(text, info.model)) if info.tokenizer == "server" else None)
+            (lambda text: tokenizer.tokenize(text, info.model)) if info.tokenizer == "server" else None)
         requester = self.requester = Requester(SoakContext(
             scenario=self.scenario, server=info, client=self.client, emit=self.emit, nonce=self.nonce,
             codes=self.codes, registry=self.registry, gate=self.gate, scrape=lambda: self.scrape(record=False),
             checkpoints_since=self.checkpoints_since, checkpoints_seen=lambda: bool(self.checkpoints),
-            tally=self.tally, metrics_available=self.metrics_available), counter)
+            tally=self.tally, metrics_available=self.metrics_available,
+            replicas=self.cluster.set if self.cluster else None,
+            replica_scrape=self.cluster.scrape if self.cluster else None,
+            restart_replica=self.cluster.restart if self.cluster and self.cluster.can_restart else None,
+            slot_dir=self.target.slot_dir), counter)
         fix = info.cached_fix if info.cached_report != "request" else ""
         sampler = asyncio.create_task(self._sample_metrics(), name="metrics") if self.metrics_available else None
         try:
@@ -256,9 +276,10 @@ class SoakEngine:
         if self.isolate_findings:
             await self._isolate_flagged()
         power = self._judge_power()
+        routing = self.emit(self.cluster.judge()) if self.cluster is not None else None
         statuses = [s.status()[0] for s in self.phase_states]
         fails = sum(s.fail_findings for s in self.phase_states)
-        verdict = run_verdict(statuses, fails, power is None or power.reached)
+        verdict = run_verdict(statuses, fails, (power is None or power.reached) and (routing is None or routing.routing_ok))
         message = {"pass": "every phase passed", "fail": f"{fails} fail-class finding(s)",
                    "inconclusive": "nothing failed, but some phase proved nothing"}[verdict]
         if power is not None and verdict != "fail":
@@ -266,6 +287,9 @@ class SoakEngine:
                 message = f"every phase passed; {power.sentence}"
             else:
                 message = f"{message}; {power.sentence}" if "inconclusive" in statuses else power.sentence
+        if routing is not None and not routing.routing_ok and verdict != "fail":
+            message = routing.detail if verdict == "inconclusive" and message.startswith("every phase") else \
+                f"{message}; {routing.detail}"
         self.emit(RunFinished(verdict=verdict, exit_code=exit_code(verdict), message=message))
         return Outcome(verdict, exit_code(verdict), message)
 
@@ -319,6 +343,10 @@ class SoakEngine:
     async def _discover(self) -> ServerInfo:
         found = await discover(self.client, dialect=self.target.dialect)
         models = found.model_ids
+        if self.cluster is not None:      # a router's own answers are not a server's: ask replica 0
+            found = await self.cluster.discover(self.target.dialect)
+            found.metrics = await self.cluster.combined()
+            models = [m for m in models if m and m != "unknown"] or found.model_ids
         model = self.scenario.model or (models[0] if models else "")
         dialect = self.client.dialect = found.dialect
         snapshot = found.metrics
@@ -330,7 +358,8 @@ class SoakEngine:
             grid, grid_source = server_grid, "server"
         else:
             grid, grid_source = DEFAULT_GRID, "default"
-        tokenizer = "server" if await self.client.tokenize("hitproof", model) is not None else "estimate"
+        tokenizer_client = self.cluster.set.clients[0] if self.cluster else self.client
+        tokenizer = "server" if await tokenizer_client.tokenize("hitproof", model) is not None else "estimate"
         facts = dict(self.target.facts)
         version = found.version
         if dialect == "llamacpp" and found.props is not None:
@@ -338,21 +367,26 @@ class SoakEngine:
             version = version or found.props.get("build_info")
         report, counter, queries = await probe_cache_report(self.client, self.scenario.api, model, self.nonce,
                                                             snapshot if self.metrics_available else None)
+        replicas = {}
+        if self.cluster is not None:
+            await self.cluster.probe(self.client, self.scenario.api, model, self.nonce)
+            replicas = {"replicas": self.cluster.server_facts(), "replica_attribution": self.cluster.method}
         info = ServerInfo(
             url=self.target.url, dialect=dialect, version=version, models=models, model=model,
             cache_config=found.cache_config, grid=grid, grid_source=grid_source, tokenizer=tokenizer,
             metrics_available=self.metrics_available,
             salts="cache_prompt=false" if dialect == "llamacpp" else "cache_salt", facts=facts,
             cached_report=report, cached_counter=counter, cached_queries=queries,
-            cached_fix=CACHE_REPORT_FIX.get(dialect, CACHE_REPORT_FIX["openai"]))
+            cached_fix=CACHE_REPORT_FIX.get(dialect, CACHE_REPORT_FIX["openai"]), **replicas)
         self.emit(info)
         return info
 
     # --- metrics ------------------------------------------------------------------------
 
     async def scrape(self, record: bool = True) -> MetricSnapshot | None:
-        snapshot = await scrape(self.client)
-        if snapshot is not None and self.restarts.observe(snapshot):   # counters went back: another server now
+        """The server's metrics (behind a router: every replica's, summed), watched for restarts."""
+        snapshot = await self.cluster.combined() if self.cluster is not None else await scrape(self.client)
+        if self.cluster is None and snapshot is not None and self.restarts.observe(snapshot):   # counters went back
             raise ServerProblem(self.restarts.message)
         if record and snapshot is not None and snapshot.error is None and snapshot.values:
             self.emit(MetricsSample(values=compact(snapshot)))
@@ -362,5 +396,3 @@ class SoakEngine:
         while True:
             await asyncio.sleep(self.metrics_interval)
             await self.scrape()
-
-    # --- header ---------------------------------------------------------------------------

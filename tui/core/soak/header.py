@@ -1,4 +1,4 @@
-"""The run header: the log's first event (the tool, the scenario and its text, the target and its incident record)."""
+"""The run's first event: who ran what against which server (the log's header, the incident record)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from ... import __version__
 from ..config.scenario import Scenario
 from ..log.events import RunHeader
 
-def run_header(s: Scenario, target: Any, nonce: str, argv: list[str]) -> RunHeader:
+
+def run_header(scenario: Scenario, target, nonce: str, argv: list[str]) -> RunHeader:
+    s = scenario
     return RunHeader(
         run_id=f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}",
         nonce=nonce,
@@ -22,23 +24,27 @@ def run_header(s: Scenario, target: Any, nonce: str, argv: list[str]) -> RunHead
         scenario={"name": s.name, "source": s.source,
                   "sha256": hashlib.sha256(s.text.encode()).hexdigest() if s.text else None,
                   "settings": s.to_dict(), "text": s.text},
-        target=target_header(s, target),
+        target=target_header(scenario, target),
     )
 
 
-def target_header(s: Scenario, t: Any) -> dict[str, Any]:
-    """`t`: the engine's Target (url, engine, launch command, env of interest, incident)."""
+def target_header(scenario: Scenario, t) -> dict[str, Any]:
+    s = scenario
     incident = dict(t.incident)
     reuse = incident.get("cache_reuse") or {}
     if incident:
         incident.setdefault("sampling", {"temperature": s.sampling.temperature, "seed": s.sampling.seed})
         incident.setdefault("hitproof_version", __version__)
-    return {"url": t.url, "engine": t.engine,
-            "launch_command": t.launch_command,
-            "env": t.env_of_interest,
-            "sampling": {"temperature": s.sampling.temperature, "seed": s.sampling.seed},
-            "cache_reuse_forced_off": bool(reuse.get("forced_off", False)),
-            "cache_reuse_decided_by": reuse.get("decided_by"),
-            "profile": incident.get("profile"),
-            "overlays": incident.get("overlays") or [],
-            "incident": incident}
+    header = {"url": t.url, "engine": t.engine,
+              "launch_command": t.launch_command,
+              "env": t.env_of_interest,
+              "sampling": {"temperature": s.sampling.temperature, "seed": s.sampling.seed},
+              "cache_reuse_forced_off": bool(reuse.get("forced_off", False)),
+              "cache_reuse_decided_by": reuse.get("decided_by"),
+              "profile": incident.get("profile"),
+              "overlays": incident.get("overlays") or [],
+              "incident": incident}
+    if t.replicas:
+        header["replicas"] = list(t.replicas)
+        header["router_metrics"] = t.router_metrics
+    return header

@@ -84,6 +84,8 @@ class Judge:
                                         + (f" ({state.no_report_fix})" if state.no_report_fix else ""))
         if expect == "hit":
             state.expected_hits += 1
+            if record.routed_away:        # the router sent it where its memo never was: not the cache's miss
+                return
             if not record.hit:
                 state.unproven_expected += 1
             miss = (record.checks.get("checkpoint") or {}).get("full_reprocess")

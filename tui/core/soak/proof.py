@@ -117,7 +117,12 @@ class CounterWindows:
     """Groups requests into windows between two quiet moments and attributes the counter's deltas.
 
     enter() before a request is sent; leave() after its stream ended (always, also on failure): it
-    waits until every request of the window has ended, so the closing scrape sees all of them."""
+    waits until every request of the window has ended, so the closing scrape sees all of them.
+    A subclass may read other counters the same way: it overrides `_attribute` (window, the closing
+    scrape -> request id -> its result) and `missing` (the result of a member nothing is known of);
+    tui.core.soak.replica_proof attributes requests to replicas so."""
+
+    missing: object = UNKNOWN
 
     def __init__(self, scrape: Callable[[], Awaitable[MetricSnapshot | None]], counter: str,
                  queries: str | None):
@@ -166,7 +171,7 @@ class CounterWindows:
                 window.closed.set()
         else:
             await window.closed.wait()
-        return window.result.get(request, UNKNOWN)
+        return window.result.get(request, self.missing)
 
     def abandon(self, window: _Window) -> None:
         """A member whose request failed (or was cancelled): nothing in the window is attributed,
@@ -178,7 +183,7 @@ class CounterWindows:
                 self._open = None
             self.windows += 1
             self.members += len(window.members)
-            window.result = {rid: UNKNOWN for rid in window.members}
+            window.result = {rid: self.missing for rid in window.members}
             window.closed.set()
 
     def _attribute(self, window: _Window, after: MetricSnapshot | None, tolerance: int) -> dict[int, CacheProof]:

@@ -67,6 +67,9 @@ class Record:
     cold_tolerance: int = 0              # tokens it may reuse and still be cold (before the nonce)
     findings: list[tuple[str, str]] = field(default_factory=list)   # (kind, severity) judged on it
     concurrent: int = 0                  # other requests streaming when this one was sent
+    replica: int | None = None           # the replica that served it, behind a router (None: unknown)
+    replica_source: str = ""             # header | model | counter | direct
+    routed_away: bool = False            # served by a replica that had never served its memo
 
     @property
     def text(self) -> str:
@@ -131,4 +134,5 @@ class Sender(Protocol):
     async def send(self, state: Any, spec: RequestSpec, *, task: str, memo: Memo | None = None,
                    slot: int | None = None, round: int | None = None, turn: int | None = None,
                    expect: str = "any", arm: str = "main", of_request: int | None = None,
-                   judges: Iterable[str] = ALL_JUDGES, control: bool = True) -> Record: ...
+                   judges: Iterable[str] = ALL_JUDGES, control: bool = True,
+                   replica: int | None = None) -> Record: ...

@@ -18,8 +18,10 @@ from ..log.events import Finding, MemoPlanted, RequestFinished, RequestStarted, 
 from ..server.client import RequestSpec
 from .context import SoakContext
 from .judge import Judge
+from ..server.replicas import ROUTER_SEND_FAILED, Served, Signature, named_by_response
 from .proof import UNKNOWN, CacheProof, CounterWindows
 from .record import DeltaCoalescer, Record, concurrently
+from .replica_proof import ReplicaWindows
 from .state import PhaseState
 
 KEEP_RECENT = 512             # records kept for isolation beyond the flagged ones (bounded memory)
@@ -57,6 +59,12 @@ class Requester:
                                        server.cached_queries or None)
                         if server.cached_report == "counter" and server.cached_counter else None)
         self._tolerances: dict[tuple[str, str], int] = {}
+        # Behind a router: each request's replica, from the response or from the replicas' counters.
+        self.replicas = ctx.replicas
+        self.replica_windows = (ReplicaWindows(ctx.replica_scrape)
+                                if self.replicas is not None and server.replica_attribution == "counter"
+                                and ctx.replica_scrape is not None else None)
+        self._served_memos: dict[int, set[str]] = {}          # replica -> memo ids it has served
         self.in_flight = 0                 # requests streaming right now (any arm)
         # A prompt with no run nonce (a user's captured conversation): a cache that matches token by
         # token (llama.cpp, SGLang) still shares a template's first tokens with whatever it held.
@@ -163,9 +171,43 @@ class Requester:
     async def send(self, state: PhaseState, spec: RequestSpec, *, task: str, memo: Memo | None = None,
                    slot: int | None = None, round: int | None = None, turn: int | None = None,
                    expect: str = "any", arm: str = "main", of_request: int | None = None,
-                   judges: Iterable[str] = ALL_JUDGES, control: bool = True) -> Record:
-        """Send, check, judge. `control=False`: the phase runs its own control arm and judges hit-path
-        problems and fingerprints itself (foreign codes, wrong tasks and cold checks are still judged here)."""
+                   judges: Iterable[str] = ALL_JUDGES, control: bool = True, replica: int | None = None) -> Record:
+        """Send, check, judge. `control=False`: the phase runs its own control arm and judges
+        hit-path problems and fingerprints itself (foreign codes, wrong tasks and cold checks are still
+        judged here). `replica`: send to that replica directly instead of through the router.
+
+        Behind a router, a request meant to hit that lands on a replica which never served its memo
+        is a routing miss, not a cache miss: it is sent again (as a new request, judged as usual)
+        until it reaches a replica that has the memo, at most once per other replica."""
+        kw = dict(task=task, memo=memo, slot=slot, round=round, turn=turn, expect=expect, arm=arm,
+                  of_request=of_request, judges=judges, control=control, replica=replica)
+        record = await self._via_router(state, spec, kw)
+        retries = len(self.replicas) - 1 if self.replicas is not None and replica is None else 0
+        while record.routed_away and expect == "hit" and arm == "main" and retries > 0:
+            retries -= 1
+            state.routing_misses += 1
+            record = await self._via_router(state, spec, kw)
+        return record
+
+    async def _via_router(self, state: PhaseState, spec: RequestSpec, kw: dict) -> Record:
+        """A router that could not send a request to its worker (HTTP 500 "error sending request for
+        url": the worker had closed the keep-alive connection the router reused; the request never
+        reached it) is asked once more; an info finding names the replica."""
+        try:
+            return await self._send_once(state, spec, **kw)
+        except ServerProblem as exc:
+            if self.replicas is None or kw["replica"] is not None or ROUTER_SEND_FAILED not in str(exc):
+                raise
+            who = next((r.index for r in self.replicas.replicas if r.hostport and r.hostport in str(exc)), None)
+            self.finding(state, "router_send_failed", "info", replica=who,
+                         detail=f"{exc}; sent again: the router could not send it to that replica (no answer "
+                                f"was lost)")
+            return await self._send_once(state, spec, **kw)
+
+    async def _send_once(self, state: PhaseState, spec: RequestSpec, *, task: str, memo: Memo | None,
+                         slot: int | None, round: int | None, turn: int | None, expect: str, arm: str,
+                         of_request: int | None, judges: Iterable[str], control: bool,
+                         replica: int | None) -> Record:
         if arm != "isolation":               # isolation re-runs go alone while the soak waits
             await self.ctx.gate.wait()
         self._next_request += 1
@@ -183,18 +225,21 @@ class Requester:
         window = await self.windows.enter() if self.windows is not None else None
         others = self.in_flight
         self.in_flight += 1
+        direct = replica is not None and self.replicas is not None
+        rwindow = await self.replica_windows.enter() if self.replica_windows is not None and not direct else None
+        client = self.replicas.clients[replica] if direct else self.ctx.client
         try:
-            completion = await self.ctx.client.stream(spec, on_text)
+            completion = await client.stream(spec, on_text)
         except ServerProblem as exc:                 # one line naming the request: "request 12 (rotation): ..."
-            if window is not None:
-                self.windows.abandon(window)
-            raise type(exc)(f"request {index} ({state.name}): {exc}") from None
+            self._abandon(window, rwindow)
+            where = f", sent to {self.replicas.label(replica)}" if direct else ""
+            raise type(exc)(f"request {index} ({state.name}{where}): {exc}") from None
         except BaseException:
-            if window is not None:
-                self.windows.abandon(window)
+            self._abandon(window, rwindow)
             raise
         finally:
             self.in_flight -= 1
+        served = await self._served(completion, rwindow, index, replica if direct else None)
         if completion.cached_tokens is not None:
             proof = CacheProof.reported(completion.cached_tokens)
             if window is not None:
@@ -220,6 +265,9 @@ class Requester:
         reprocessed = [c for c in checkpoint_lines if c.kind == "full_reprocess"]
         if reprocessed and not cached:
             found["checkpoint"] = {"full_reprocess": reprocessed[0].line}
+        record = Record(index, state.name, task, spec, memo, slot, round, turn, completion, found, proof, tolerance,
+                        concurrent=others, replica=served.replica, replica_source=served.source)
+        self._note_replica(record)
         emit(RequestFinished(request=index, phase=state.name, slot=slot, round=round, text=completion.text,
                              prompt_tokens=completion.prompt_tokens, cached_tokens=cached,
                              ttft=completion.ttft_s, total=completion.total_s,
@@ -227,14 +275,44 @@ class Requester:
                              finish_reason=completion.finish_reason, checks=found,
                              logprobs=completion.logprobs, cached_source=proof.source,
                              cached_min=proof.low if proof.source != "unknown" else None,
-                             cached_max=proof.high, cold_tolerance=tolerance))
-        record = Record(index, state.name, task, spec, memo, slot, round, turn, completion, found, proof, tolerance,
-                        concurrent=others)
+                             cached_max=proof.high, cold_tolerance=tolerance, replica=served.replica,
+                             replica_source=served.source))
         state.note(record, arm)
         self._remember(record)
         if arm == "main":
             await self.judge.judge(state, record, expect, tuple(judges), control)
         return record
+
+    def _abandon(self, window, rwindow) -> None:
+        if window is not None:
+            self.windows.abandon(window)
+        if rwindow is not None:
+            self.replica_windows.abandon(rwindow)
+
+    async def _served(self, completion, rwindow, request: int, direct: int | None) -> Served:
+        """The replica that served this answer: the one it was sent to, the one the response names,
+        or the one the replicas' counters single out (None where nothing does)."""
+        if rwindow is not None:
+            signature = Signature(completion.completion_tokens, completion.prompt_tokens, completion.cached_tokens)
+            index = await self.replica_windows.leave(rwindow, request, signature)
+            return Served(index, "counter" if index is not None else "")
+        if self.replicas is None:
+            return Served(None)
+        if direct is not None:
+            return Served(direct, "direct")
+        return named_by_response(self.replicas.replicas, completion.model, completion.headers)
+
+    def _note_replica(self, record: Record) -> None:
+        if self.replicas is None:
+            return
+        if record.replica is None or record.memo is None or record.replica_source == "direct":
+            return
+        served = self._served_memos.setdefault(record.replica, set())
+        record.routed_away = not record.hit and record.memo.memo_id not in served and any(
+            record.memo.memo_id in other for i, other in self._served_memos.items() if i != record.replica)
+        served.add(record.memo.memo_id)
+        if record.routed_away:
+            record.checks["routing"] = {"replica": record.replica, "routed_away": True}
 
     async def _await_checkpoint_line(self, since: float, cached: int | None, wait: float = 0.5) -> None:
         """The server logs a hit's checkpoint restore before it answers, but its pipe is read
@@ -248,9 +326,9 @@ class Requester:
             await asyncio.sleep(0.01)
 
     def finding(self, state: PhaseState, kind: str, severity: str, record: Record | None = None, *,
-                offset: int | None = None, detail: str = "", **evidence: Any) -> None:
+                offset: int | None = None, detail: str = "", replica: int | None = None, **evidence: Any) -> None:
         """Emit a finding (the engine counts it in the running phase); a flagged request's record is
-        kept for the whole run, for isolation."""
+        kept for the whole run, for isolation. It names the replica that served the record (or `replica`)."""
         if record is not None:
             record.findings.append((kind, severity))
             if severity in ("fail", "warn"):
@@ -259,7 +337,8 @@ class Requester:
             kind=kind, severity=severity, phase=state.name,
             slot=record.slot if record else None, round=record.round if record else None,
             request=record.request if record else None, offset=offset, detail=detail,
-            memo=record.memo.memo_id if record and record.memo else None, evidence=evidence))
+            memo=record.memo.memo_id if record and record.memo else None, evidence=evidence,
+            replica=record.replica if record is not None and record.replica is not None else replica))
 
     # --- what phases may ask of the run -----------------------------------------------------------
 

@@ -35,6 +35,7 @@ class PhaseState:
     findings: dict[str, int] = field(default_factory=lambda: {"fail": 0, "warn": 0, "info": 0})
     expected_hits: int = 0
     unproven_expected: int = 0        # requests that should have hit whose hit is not proven
+    routing_misses: int = 0           # ... sent to a replica that had never served their memo (re-sent)
     cold_failures: int = 0
     model_failures: int = 0
     hits_required: bool = True
@@ -134,6 +135,8 @@ class PhaseState:
             "reported_cached_tokens": reported_sum,
             "hits_agree": self.hits_agree(),
         }
+        if self.routing_misses:
+            summary["routing_misses"] = self.routing_misses
         summary.update(self.extra)
         return summary
 

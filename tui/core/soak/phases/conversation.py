@@ -50,6 +50,7 @@ async def run(rq, state) -> None:
     transcript = f"{memo.text}\n"
     messages: list[dict[str, str]] = []
     previous = None
+    last_on: dict[int, object] = {}    # behind a router: the last turn each replica served
     cached_by_turn = []
     for turn in range(1, s.conversation.turns + 2):
         final = turn == s.conversation.turns + 1
@@ -74,7 +75,14 @@ async def run(rq, state) -> None:
             messages.append({"role": "assistant", "content": record.text})
         else:
             transcript += record.text.rstrip("\n") if not final else record.text
-        judge_rise(rq, state, previous, record, turn)
+        # a turn can only reuse what its own replica holds: compare with the last turn that replica served;
+        # when the router moved the conversation in between, reusing all of that turn (not more) is right
+        before = last_on.get(record.replica) if record.replica is not None else previous
+        moved = before is not None and before is not previous
+        if not (moved and record.cached and before.cached is not None and record.cached >= before.cached):
+            judge_rise(rq, state, before, record, turn)
         previous = record
+        if record.replica is not None:
+            last_on[record.replica] = record
         cached_by_turn.append(record.cached)
     state.extra["cached_by_turn"] = cached_by_turn

@@ -367,7 +367,9 @@ class SoakEngine:
                   "argv": list(self.argv)},
             scenario={"name": s.name, "source": s.source,
                       "sha256": hashlib.sha256(s.text.encode()).hexdigest() if s.text else None,
-                      "settings": s.to_dict(), "text": s.text},
+                      "settings": s.to_dict(), "text": s.text,
+                      # what each phase plans (its PhaseStarted says it again): progress and estimates
+                      "plan": {name: PHASES[name].plan(s) for name in s.phases}},
             target=self._target_header(),
         )
 

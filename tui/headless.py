@@ -18,6 +18,7 @@ from .core.report.latency import table_lines
 from .core.report.power import power_line
 from .core.report.progress import ProgressFold, RunProgress, done_text, left_text, power_text, progress_line
 from .core.report.report import RunReport
+from .core.report.turns import HEADERS as TURN_HEADERS, acceptance_sentence, collapsed, turn_rows, agent_turns
 
 SEVERITY_STYLE = {"fail": "bold red", "warn": "yellow", "info": "dim"}
 STATUS_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "running": "cyan",
@@ -168,6 +169,19 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
     percentiles = table_lines(report.latency, report.phases)
     if percentiles:
         lines.append(Text("\n".join(percentiles)))
+    turns = turn_rows(report)
+    if turns:
+        table = Table(title="agent replay, turn by turn", title_justify="left", padding=(0, 1))
+        for column in TURN_HEADERS:
+            table.add_column(column, justify="left" if column in ("task", "problems") else "right",
+                             no_wrap=column != "problems")
+        for row, turn in zip(turns, agent_turns(report)):
+            styled = [Text(cell) for cell in row]
+            for at, value in ((6, turn.get("acceptance")), (7, (turn.get("control") or {}).get("acceptance"))):
+                if collapsed(report, value):
+                    styled[at].stylize("bold red")
+            table.add_row(*styled)
+        lines += [table, Text(f"  {acceptance_sentence(report)}")]
     shown = [f for f in report.findings if show_info or f.severity != "info"]
     if shown:
         lines.append(Text("findings:", style="bold"))

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Log, Static
 
 from ..core.log import events as ev
@@ -157,7 +157,8 @@ class HitproofApp(App):
     def compose(self) -> ComposeResult:
         yield Static(id="title")
         if self.matrix:
-            yield MatrixTable(self.main_source.rows, id="matrix")
+            with VerticalScroll(id="matrix-box"):
+                yield MatrixTable(self.main_source.rows, id="matrix")
         yield ProgressStrip(id="progress")
         with Horizontal(id="top"):
             with Vertical(id="left"):
@@ -166,7 +167,7 @@ class HitproofApp(App):
                 yield TtftHistogram(id="ttft")
             yield SlotGrid(id="slots")
         yield MetricsStrip(id="metrics")
-        yield FindingsTable(id="findings")
+        yield FindingsTable(id="findings", classes="-matrix" if self.matrix else "")
         yield Log(id="server-log", max_lines=2000, classes="hidden")
         yield Footer()
 

@@ -66,42 +66,43 @@ def live_cells(model: RunModel, started_wall_s: float) -> dict[str, Any]:
 
 
 def matrix_table(rows: list[dict[str, Any]], *, running: int | None, live: dict[str, Any] | None,
-                 cursor: int | None, viewing: int | None, focused: bool) -> Table:
-    """The ablation table: what changed, the result, hits, fail kinds, start-up and soak time."""
+                 cursor: int | None, viewing: int | None, focused: bool, width: int = 80) -> Table:
+    """The ablation table, one line a profile: what changed, the result, hits, fail kinds, start-up and
+    soak time (and the profile's name from 100 columns on; narrower, the title bar names it)."""
+    wide = width >= 100
     table = Table(expand=True, box=None, padding=(0, 1), show_edge=False, header_style="bold")
     table.add_column("", width=1, no_wrap=True)
-    table.add_column("profile: what changed", ratio=3, overflow="fold")
+    if wide:
+        table.add_column("profile", ratio=2, no_wrap=True, overflow="ellipsis")
+    table.add_column("what changed", ratio=3, no_wrap=True, overflow="ellipsis")
     table.add_column("result", no_wrap=True)
     table.add_column("hits", justify="right", no_wrap=True)
-    table.add_column("fail kinds", ratio=2, overflow="fold")
+    table.add_column("fail kinds", ratio=2, no_wrap=True, overflow="ellipsis")
     table.add_column("start", justify="right", no_wrap=True)
     table.add_column("soak", justify="right", no_wrap=True)
     for index, row in enumerate(rows):
-        name = Text(row["profile"], style="bold")
-        if row.get("description"):
-            name.append(": " + row["description"], style="grey70")
         fail_kinds = row["findings"]["fail_kinds"]
         if index == running and live is not None:
             result = Text(" RUNNING ", style=RESULT_STYLE["running"])
-            result.append(f" {live['state']}", style="cyan")
             hits = fmt.cell(live["hits"])
             fail_kinds = live["fail_kinds"]
             start = _seconds(live["startup_s"]) + ("" if live["startup_final"] else "…")
             soak = _seconds(live["soak_s"])
         else:
             verdict = row["verdict"]
-            label = RESULT.get(verdict, verdict.upper())
-            result = Text(f" {label} ", style=RESULT_STYLE.get(verdict, "bold"))
-            if row.get("exit_code") is not None and verdict != "not_run":
+            result = Text(f" {RESULT.get(verdict, verdict.upper())} ", style=RESULT_STYLE.get(verdict, "bold"))
+            if wide and row.get("exit_code") is not None and verdict != "not_run":
                 result.append(f" exit {row['exit_code']}", style="grey70")
-            finished = verdict != "not_run"
-            hits = str(row["cache_hits"]) if finished else fmt.MISSING
+            hits = str(row["cache_hits"]) if verdict != "not_run" else fmt.MISSING
             start = _seconds(row.get("startup_s"))
             soak = _seconds(row.get("soak_s"))
         marker = Text("▶" if index == viewing else " ", style="bold magenta")
         kinds = Text(", ".join(fail_kinds) if fail_kinds else fmt.MISSING, style="red" if fail_kinds else "grey50")
+        changed = Text(row.get("description") or row["profile"], style="" if wide else "bold")
+        cells = [marker] + ([Text(row["profile"], style="bold")] if wide else []) + [changed, result, hits, kinds,
+                                                                                     start, soak]
         style = ("on #264f78" if focused else "on grey23") if index == cursor else ""
-        table.add_row(marker, name, result, hits, kinds, start, soak, style=style)
+        table.add_row(*cells, style=style)
     return table
 
 
@@ -129,12 +130,12 @@ class MatrixTable(Static, can_focus=True):
         self.running, self._live, self.viewing = running, live, viewing
         key = (tuple((r["verdict"], r["cache_hits"], r.get("soak_s")) for r in self.rows), running,
                None if live is None else tuple((k, str(v)) for k, v in live.items()), viewing, self.cursor,
-               self.has_focus)
+               self.has_focus, self.content_size.width)
         if key == self._drawn:
             return
         self._drawn = key
         self.update(matrix_table(self.rows, running=running, live=live, cursor=self.cursor, viewing=viewing,
-                                 focused=self.has_focus))
+                                 focused=self.has_focus, width=self.content_size.width or 80))
 
     def redraw(self) -> None:
         self._drawn = None
@@ -150,6 +151,9 @@ class MatrixTable(Static, can_focus=True):
         if self.rows:
             self.cursor = max(0, min(len(self.rows) - 1, self.cursor + step))
             self.redraw()
+            box = self.parent
+            if box is not None and hasattr(box, "scroll_to"):     # the header is line 0, row i line i + 1
+                box.scroll_to(y=max(0, self.cursor + 1 - (box.size.height - 1)), animate=False)
 
     def action_select(self) -> None:
         if self.rows:

@@ -160,10 +160,9 @@ class MatrixTable(Static, can_focus=True):
             self.post_message(self.Selected(self.cursor))
 
 
-def run_matrix_app(scenario, profiles, out, *, argv: list[str]) -> tuple[int, list[dict[str, Any]]]:
-    """`hitproof matrix` without --headless: the app over tui.matrix.run_matrix. Returns the exit code
-    (0 when the matrix ran, 130 when the user quit before it ended) and the rows."""
-    from ..core.config.errors import EXIT_INTERRUPTED
+def matrix_app(scenario, profiles, out, *, argv: list[str], **options):
+    """The app over tui.matrix.run_matrix (the CLI's `hitproof matrix` without --headless, and the
+    tests): built by the one factory over a MatrixSource. Returns (app, source)."""
     from ..matrix import pending_row, run_matrix
     from .app import build_app
     from .sources import MatrixSource
@@ -173,6 +172,14 @@ def run_matrix_app(scenario, profiles, out, *, argv: list[str]) -> tuple[int, li
                                 on_engine=on_engine, argv=argv)
 
     source = MatrixSource(start, [pending_row(p, scenario) for p in profiles], out=str(out))
-    app = build_app(source)
+    return build_app(source, **options), source
+
+
+def run_matrix_app(scenario, profiles, out, *, argv: list[str]) -> tuple[int, list[dict[str, Any]]]:
+    """`hitproof matrix` without --headless. Returns the exit code (0 when the matrix ran, 130 when
+    the user quit before it ended) and the rows."""
+    from ..core.config.errors import EXIT_INTERRUPTED
+
+    app, source = matrix_app(scenario, profiles, out, argv=argv)
     app.run()
     return (app.return_code if app.return_code is not None else EXIT_INTERRUPTED), source.rows

@@ -22,6 +22,9 @@ project notes; see README.md for the table):
                    finish_reason "stop": "a conversation would come back empty on turn two".
 ``mixed_state``    on a hit, with probability 0.5, one four-digit group of the memo's code is
                    restored from another stored sequence's code: a state mixed from two requests.
+``partial_concurrent`` only a short partial-prefix hit (at most half its prompt reused) admitted while
+                   another request is served restores another sequence's blocks: what fixed scripts
+                   (whole repeats, one shared memo) never exercise, and the mix phase does.
 ``slow_hits``, ``unaligned_report``, ``counter_drift``: the restore is right, the bookkeeping
                    is not: a hit that saves no prefill time; cached tokens reported one short of
                    whole blocks; a /metrics counter that adds each hit twice.
@@ -43,7 +46,7 @@ from .cache import BlockState, PrefixCache
 from .tokenizer import EOS, ZERO, Token, is_word, token_for
 
 FAULTS = ("none", "zero_state", "foreign_state", "repeat_token", "empty_turn", "wording_drift",
-          "mixed_state", "slow_hits", "unaligned_report", "counter_drift")
+          "mixed_state", "slow_hits", "unaligned_report", "counter_drift", "partial_concurrent")
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Restore:
     request_id: str
     hit_number: int  # 1-based count of hits in the server's life, this one included
     cache: PrefixCache
+    running: int = 0  # other requests being served when this one was admitted
 
     @property
     def cached_tokens(self) -> int:
@@ -85,6 +89,31 @@ class Fault:
     def prefill_tokens(self, prompt_tokens: int, cached: int) -> int:
         """Tokens the prefill is timed for."""
         return prompt_tokens - cached
+
+
+class PartialConcurrent(Fault):
+    """Only a short partial-prefix hit (at most half the prompt reused) admitted while another request
+    is being served goes wrong: its cached part is restored from another stored sequence (different
+    tokens), as a block table read from the wrong row would. Full hits, long partial hits and hits
+    alone are right, so scripted phases (whole repeats, one memo shared by every stream) never see it."""
+    name = "partial_concurrent"
+
+    def restore(self, r: Restore) -> list[Token]:
+        good = r.correct()
+        if r.running < 1 or 2 * r.cached_tokens > len(r.prompt):
+            return good
+        k = len(r.blocks)
+        own = [t.id for t in good]
+        for request_id, chain in reversed(list(r.cache.sequences())):
+            if request_id == r.request_id or len(chain) < k:
+                continue
+            states = [r.cache.peek(h) for h in chain[:k]]
+            if any(st is None for st in states):
+                continue
+            tokens = [t for st in states for t in st.tokens]
+            if [t.id for t in tokens] != own:
+                return tokens
+        return good
 
 
 class MixedState(Fault):
@@ -262,6 +291,8 @@ def make_fault(name: str, seed: int = 0, drift_min_tokens: int = 1000) -> Fault:
         return WordingDrift(seed, drift_min_tokens)
     if name == "mixed_state":
         return MixedState(seed)
+    if name == "partial_concurrent":
+        return PartialConcurrent()
     if name == "slow_hits":
         return SlowHits()
     if name == "unaligned_report":

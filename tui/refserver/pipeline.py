@@ -81,7 +81,8 @@ class Pipeline:
         restored: list[Token] = []
         if blocks:
             self.hit_requests += 1
-            restored = self.fault.restore(Restore(blocks, prompt, request_id, self.hit_requests, self.cache))
+            restored = self.fault.restore(Restore(blocks, prompt, request_id, self.hit_requests, self.cache,
+                                                  running=self.running))
         state = restored + prompt[cached:]
         jitter = self.fault.jitter(len(prompt))
         generation = generate(state, max_tokens, jitter)

@@ -1,6 +1,6 @@
 """One module per phase. Each has TITLE, plan(scenario) -> dict, and async run(requester, state)."""
 
-from . import agent_replay, cold_hit, control, conversation, determinism, long_prompt, rotation, shared_concurrency
+from . import agent_replay, cold_hit, control, conversation, determinism, long_prompt, mix, rotation, shared_concurrency
 
 PHASES = {
     "cold_hit": cold_hit,
@@ -11,4 +11,5 @@ PHASES = {
     "determinism": determinism,
     "control": control,
     "agent_replay": agent_replay,
+    "mix": mix,
 }

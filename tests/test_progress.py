@@ -14,6 +14,14 @@ from tui.core.report.progress import ProgressFold, done_text, left_text, power_t
 from tui.refserver import start_refserver
 
 
+def _plain(widget) -> str:
+    from rich.console import Console
+
+    console = Console(width=widget.content_size.width or 40, record=True, color_system=None)
+    console.print(widget.content)
+    return console.export_text()
+
+
 class Run:
     """Feeds a ProgressFold one event at a time, with request ids handed out in order."""
 
@@ -173,3 +181,32 @@ async def test_a_recorded_run_folds_to_done_with_every_phase_counted(tmp_path):
     assert p.power is not None and p.power.reached is True and p.power.checked >= p.power.needed
     # the headless console printed the same kind of line along the way
     assert "progress: " in result.out and "run " in result.out
+
+
+async def test_the_app_shows_progress_for_the_run_the_phase_and_the_power_target(tmp_path):
+    """Pilot, the app built by the CLI's factory on a live reference-server run: the strip under the
+    title says the run's requests done of expected, the running phase's, an estimate of the rest and
+    the power target's checked hits of needed; at the end 'done' and whether the target was reached."""
+    from support.app import live_app, text_of, wait_for
+    from tui.app.widgets import PhaseList, ProgressStrip
+
+    handle = await start_refserver(port=0, fault="none", seed=0, decode_ms_per_token=3.0)
+    try:
+        app = live_app(handle.url, ROOT / "scenarios" / "quick.toml")
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: "rotation" in app.model.phases and app.model.phases["rotation"].done >= 6,
+                           timeout=120)
+            strip = text_of(app.query_one(ProgressStrip))
+            assert "run " in strip and "req" in strip and "left" in strip, strip
+            assert "rotation " in strip and "power " in strip and "/99 hits (3%)" in strip, strip
+            phases = _plain(app.query_one(PhaseList))
+            rotation = next(line for line in phases.splitlines() if "rotation" in line)
+            assert "/" in rotation, phases                 # its requests done of expected
+            await wait_for(pilot, lambda: app.model.finished, timeout=180)
+            await pilot.pause(1.2)                       # the next tick
+            strip = text_of(app.query_one(ProgressStrip))
+            assert "done" in strip and "reached" in strip and "not reached" not in strip, strip
+            assert "left" not in strip
+            await pilot.press("q")
+    finally:
+        await handle.close()

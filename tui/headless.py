@@ -172,8 +172,8 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
     turns = turn_rows(report)
     if turns:
         table = Table(title="agent replay, turn by turn", title_justify="left", padding=(0, 1))
-        for column in TURN_HEADERS:
-            table.add_column(column, justify="left" if column in ("task", "problems") else "right",
+        for column in TURN_HEADERS:                  # two-word headers on two lines: 80 columns wide
+            table.add_column(column.replace(" ", "\n"), justify="left" if column in ("task", "problems") else "right",
                              no_wrap=column != "problems")
         for row, turn in zip(turns, agent_turns(report)):
             styled = [Text(cell) for cell in row]

@@ -68,5 +68,6 @@ def acceptance_sentence(report: RunReport) -> str:
     if not has_acceptance(report):
         return ("acceptance length: none recorded (the server reported no speculative drafts: no drafter, "
                 "or no spec-decode counters in /metrics)")
-    return (f"acceptance length (accept hit: with prefix reuse, accept ctl: the salted control arm) = 1 + accepted / drafts over each turn, from the server's spec-decode "
-            f"counters; at or below {collapse_threshold(report):.2f} the drafter contributes nothing")
+    return ("acceptance length = 1 + accepted / drafts over each turn, from the server's spec-decode counters "
+            "(accept hit: with prefix reuse; accept ctl: the salted control arm); "
+            f"at or below {collapse_threshold(report):.2f} the drafter contributes nothing")

@@ -10,6 +10,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
 from ..core.checks.detectors import first_divergence
+from ..core.report import fmt
 from .model import RequestView, RunModel
 from .render import HIGHLIGHT_STYLE, answer_text
 
@@ -95,12 +96,13 @@ class RequestDetail(Screen):
         view = self.model.requests[self.request]
         head = Text()
         head.append(f"request {view.request}", style="bold")
-        head.append(f"  phase {view.phase}  slot {view.slot}  round {view.round}  memo {view.memo}  "
-                    f"task {view.task}  arm {view.arm}")
+        fields = [("phase", view.phase), ("slot", view.slot), ("round", view.round), ("memo", view.memo),
+                  ("task", view.task), ("arm", view.arm)]
+        head.append("".join(f"  {name} {value}" for name, value in fields if value not in (None, "")))
         if view.code:
             head.append("  code ")
             head.append(view.code, style=HIGHLIGHT_STYLE["own"])
-        head.append(f"\nprompt {view.prompt_tokens} tok, cached {view.cached_tokens}, ttft "
+        head.append(f"\nprompt {fmt.cell(view.prompt_tokens)} tok, cached {fmt.cell(view.cached_tokens)}, ttft "
                     f"{'-' if view.ttft is None else f'{view.ttft * 1000:.0f} ms'}", style="grey70")
         memo = self.model.memos.get(view.memo or "")
         if memo and memo.code_tokens and memo.code_tokens[0] is not None:

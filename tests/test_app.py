@@ -188,3 +188,19 @@ async def test_keys_pause_log_compact_screenshot(server, tmp_path):
         await pilot.pause(0.2)
         assert list(tmp_path.glob("*.svg"))
         await pilot.press("q")
+
+
+@pytest.mark.parametrize("server", ["none"], indirect=True)
+async def test_detail_of_a_request_without_round_or_slot_shows_no_none(server):
+    """A control request has no round (and no slot in some phases): its detail leaves the field out."""
+    app = live_app(server.url, QUICK)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.model.finished, timeout=180)
+        request = next(r for r, v in app.model.requests.items() if v.phase == "control" and v.round is None)
+        app.push_screen(RequestDetail(app.model, request))
+        await pilot.pause(0.3)
+        head = text_of(app.screen.query_one("#detail-head"))
+        assert f"request {request}" in head and "phase control" in head
+        assert "None" not in head and "round" not in head.splitlines()[0]
+        await pilot.press("escape")
+        await pilot.press("q")

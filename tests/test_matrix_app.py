@@ -109,3 +109,27 @@ async def test_enter_on_a_row_not_run_yet_says_so_and_quit_interrupts(tmp_path):
     rows = json.loads((out / "matrix.json").read_text())
     assert rows[0]["verdict"] == "interrupted" and rows[1]["verdict"] == "not_run"
     assert "not run" in rows[1]["message"]
+
+
+async def test_a_profile_that_never_serves_is_an_error_row_and_the_matrix_goes_on(tmp_path):
+    from tui.core.server.profiles import parse_profile
+
+    broken = parse_profile('name = "broken"\ndescription = "server exits at once"\n'
+                           'command = "{python} -c \\"import sys; sys.exit(3)\\" {port}"\nstartup_timeout = 30\n',
+                           str(tmp_path / "broken.toml"), base=tmp_path)
+    out = tmp_path / "m"
+    app, source = matrix_app(load_scenario(QUICK), [broken, load_profile(PROFILES / "refserver-none.toml")], out,
+                             argv=["hitproof", "matrix"], screenshot_dir=tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: source.finished, timeout=180)
+        await pilot.pause(0.3)
+        assert [r["verdict"] for r in source.rows] == ["error", "pass"]
+        table = _plain(app, app.query_one(MatrixTable))
+        assert "ERROR" in table and "PASS" in table and "None" not in table
+        await pilot.press("m")
+        await pilot.press("enter")                    # the error row has no log to replay: a notice
+        await pilot.pause(0.3)
+        assert app.viewing is None
+        assert any("broken" in str(n.message) for n in app._notifications)
+        await pilot.press("q")
+    assert app.return_code == 0

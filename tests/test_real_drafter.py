@@ -126,12 +126,6 @@ async def test_llamacpp_drafter_acceptance_per_turn_is_in_the_report(drafter, tm
     html = await run_hitproof("report", str(log), "--format", "html")
     assert html.out.count("data-acceptance=") == 12 and "status-fail" not in html.out.split('id="agent-turns"')[1] \
         .split("</table>")[0]
-    # the page as a person gets it, rendered by headless Chromium (the README shows it)
-    from support.html_page import screenshot
-
-    page = tmp_path / "drafter.html"
-    page.write_text(html.out, encoding="utf-8")
-    screenshot(page, ROOT / "screenshots" / "report-html-drafter.png", height=1900)
     print("acceptance per turn (hit, control):",
           [(t["acceptance"], t["control"]["acceptance"]) for t in turns])
 

@@ -1,6 +1,5 @@
 """The Textual app, built by the CLI's factory, driven with Pilot against the reference server."""
 
-from pathlib import Path
 
 import pytest
 
@@ -203,3 +202,19 @@ async def test_the_replica_strip_names_each_replica_and_the_one_that_fails(tmp_p
             assert strip.display and "r0 " in text and "r1 " in text and "fail" in text.split("r1 ", 1)[1]
             assert "fail" not in text.split("r1 ", 1)[0]
             await pilot.press("q")
+
+
+@pytest.mark.parametrize("server", ["none"], indirect=True)
+async def test_detail_of_a_request_without_round_or_slot_shows_no_none(server):
+    """A control request has no round (and no slot in some phases): its detail leaves the field out."""
+    app = live_app(server.url, QUICK)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.model.finished, timeout=180)
+        request = next(r for r, v in app.model.requests.items() if v.phase == "control" and v.round is None)
+        app.push_screen(RequestDetail(app.model, request))
+        await pilot.pause(0.3)
+        head = text_of(app.screen.query_one("#detail-head"))
+        assert f"request {request}" in head and "phase control" in head
+        assert "None" not in head and "round" not in head.splitlines()[0]
+        await pilot.press("escape")
+        await pilot.press("q")

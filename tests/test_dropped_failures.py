@@ -11,7 +11,7 @@ import os
 import sys
 
 from support.app import wait_for
-from support.cli import run_hitproof, scenario
+from support.cli import run_hitproof
 from tui.app.app import build_app
 from tui.app.sources import LiveSource
 from tui.core.config.errors import EXIT_INTERNAL

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from support.cli import ROOT, hitproof_argv, report_json, run_hitproof, scenario
-from tui.core.log.events import EventBus, Finding, PhaseFinished, PhaseStarted, RunFinished, RunHeader, ServerLog
+from tui.core.log.events import EventBus, Finding, RunFinished, RunHeader, ServerLog
 from tui.core.server.launch import free_port
 from tui.runner import ServerLogRelay
 

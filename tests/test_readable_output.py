@@ -227,7 +227,7 @@ def test_rounds_are_numbered_from_0_everywhere():
         model.apply(event)
     out = io.StringIO()
     Console(file=out, width=60, color_system=None).print(phase_table(model))
-    assert "r2 of 0-5" in out.getvalue()
+    assert "r2/5" in out.getvalue()
     assert " r2 " in slot_panel(0, model.requests[7], model, 16, compact=False).plain
     finding = ev.Finding(kind="recall_miss", severity="fail", phase="rotation", slot=0, round=2, request=7)
     assert "round 2" in where(finding) and "round 2" in format_finding(finding)

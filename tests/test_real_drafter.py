@@ -95,3 +95,53 @@ async def test_matrix_row_with_and_without_the_drafter(tmp_path):
     assert all(turn.get("acceptance") is None for turn in without), without
     header = json.loads((out / "llamacpp-drafter.jsonl").read_text().splitlines()[0])
     assert header["target"]["incident"]["speculative"]["method"] == "draft-simple"
+
+
+async def _agent_through_proxy(drafter, mode, tmp_path):
+    from support.drafter_proxy import DraftStrippingProxy
+
+    proxy = await DraftStrippingProxy(drafter.url, mode).start()
+    log = tmp_path / f"agent-{mode}.jsonl"
+    try:
+        result = await run_hitproof("run", "--attach", proxy.url, "--scenario",
+                                    str(ROOT / "scenarios" / "agent-quick.toml"), "--headless",
+                                    "--record", str(log), timeout=1800)
+    finally:
+        await proxy.close()
+    return result, report_json(log), log, proxy
+
+
+async def test_llamacpp_drafter_acceptance_per_turn_is_in_the_report(drafter, tmp_path):
+    """Clean: the agent replay on the real drafter passes, every turn (hit and control arm) carries
+    the acceptance length from the server's counters, and the text and html reports show it;
+    acceptance_collapse stays quiet (through the proxy in its no-fault mode, the same path)."""
+    result, report, log, proxy = await _agent_through_proxy(drafter, "none", tmp_path)
+    assert result.code == 0, result.out + result.err
+    assert proxy.hits >= 4 and proxy.accepted_seen > 0
+    assert not [f for f in report["findings"] if f["kind"] == "acceptance_collapse"]
+    turns = report["phases"]["agent_replay"]["turns"]
+    assert len(turns) == 6 and all(t["acceptance"] > 2.0 and t["control"]["acceptance"] > 2.0 for t in turns), turns
+    text = await run_hitproof("report", str(log), "--format", "text")
+    assert "agent replay, turn by turn" in text.out and f"{turns[-1]['acceptance']:.2f}" in text.out
+    html = await run_hitproof("report", str(log), "--format", "html")
+    assert html.out.count("data-acceptance=") == 12 and "status-fail" not in html.out.split('id="agent-turns"')[1] \
+        .split("</table>")[0]
+    print("acceptance per turn (hit, control):",
+          [(t["acceptance"], t["control"]["acceptance"]) for t in turns])
+
+
+async def test_llamacpp_drafter_stripped_on_hits_is_acceptance_collapse(drafter, tmp_path):
+    """The proxy rejects every draft of a hit (counters and timings.draft_n_accepted, the text as it
+    is, as a server whose drafter lost its state on reuse): acceptance_collapse, fail-class, the
+    control arm's acceptance above the threshold; nothing else fails."""
+    result, report, log, proxy = await _agent_through_proxy(drafter, "strip_on_hit", tmp_path)
+    assert result.code == 1, result.out + result.err
+    assert proxy.stripped_requests >= 4
+    collapse = [f for f in report["findings"] if f["kind"] == "acceptance_collapse"]
+    assert len(collapse) == 1 and collapse[0]["severity"] == "fail", collapse
+    assert collapse[0]["evidence"]["acceptance"] == 1.0 and collapse[0]["evidence"]["control_acceptance"] > 2.0
+    assert {f["kind"] for f in report["findings"] if f["severity"] == "fail"} == {"acceptance_collapse"}
+    markdown = await run_hitproof("report", str(log), "--format", "markdown")
+    assert "### Agent replay, turn by turn" in markdown.out and "| 1.00 |" in markdown.out
+    print("acceptance per turn (hit, control):",
+          [(t["acceptance"], t["control"]["acceptance"]) for t in report["phases"]["agent_replay"]["turns"]])

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from support.cli import kinds, report_json, run_hitproof, scenario
+from support.cli import report_json, run_hitproof, scenario
 from support.fault_proxy import FaultProxy
 from tui.core.server.client import OpenAIClient, RequestSpec, retry_delay
 from tui.core.config.errors import ServerProblem

@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="scenario TOML, or a name in scenarios/ (default: default)")
     matrix.add_argument("--out", metavar="DIR", required=True,
                         help="folder for DIR/<profile>.jsonl, DIR/matrix.json and DIR/matrix.md")
-    matrix.add_argument("--headless", action="store_true", help="no TUI: rows on the console as they finish")
+    matrix.add_argument("--headless", action="store_true", help="no TUI: rows on the console as they finish "
+                                                                "(without it the app shows the rows and the running soak)")
     matrix.add_argument("--verbose", action="store_true", help="also print each server's output")
 
     replay = sub.add_parser("replay", help="open a recorded soak log in the app (final state first, then play)")
@@ -308,9 +309,14 @@ def _matrix(args, console: Console, err: Console, argv: list[str]) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise HitproofError(f"--out {out}: exists and is not a folder")
-    if not args.headless:
-        err.print("hitproof: the matrix has no TUI screen yet; running headless", style="yellow")
     total = len(profiles)
+    if not args.headless:
+        from .app.matrix_view import run_matrix_app
+        code, rows = run_matrix_app(scenario, profiles, out, argv=["hitproof", *argv])
+        for index, row in enumerate(rows):
+            console.print(Text(row_line(index, total, row), style=STATUS_STYLE.get(row["verdict"], "bold")))
+        console.print(f"matrix: {out / 'matrix.json'}, {out / 'matrix.md'}")
+        return code
     console.print(f"matrix: {total} profile(s) x scenario {scenario.name} -> {out}")
     consoles: list[HeadlessConsole] = []
 

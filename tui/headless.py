@@ -7,7 +7,7 @@ import re
 
 from rich import box
 from rich.console import Console, Group
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -18,7 +18,9 @@ from .core.report import facts
 from .core.report.latency import table_lines
 from .core.report.power import power_line
 from .core.report.replicas import replica_lines
+from .core.report.progress import ProgressFold, RunProgress, done_text, left_text, power_text, progress_line
 from .core.report.report import RunReport
+from .core.report.turns import HEADERS as TURN_HEADERS, acceptance_sentence, collapsed, turn_rows, agent_turns
 
 SEVERITY_STYLE = {"fail": "bold red", "warn": "yellow", "info": "dim"}
 STATUS_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "running": "cyan",
@@ -26,20 +28,33 @@ STATUS_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "
 
 
 class HeadlessConsole:
-    """An event listener. Live progress on a terminal, plain lines otherwise."""
+    """An event listener. Live progress on a terminal, plain lines otherwise.
+
+    On a terminal each phase is a bar with its requests done of expected, elapsed and an estimate of
+    the rest, below a line for the run (and the power target's checked hits of needed); plain output
+    gets that line at every phase end and every PLAIN_EVERY seconds of a long phase."""
+
+    PLAIN_EVERY = 30.0           # seconds of run time between progress lines in plain output
+    REFRESH = 0.25               # seconds of run time between estimates on a terminal
 
     def __init__(self, console: Console | None = None, show_info: bool = False):
         self.console = console or Console(stderr=False, highlight=False)
         self.show_info = show_info
         self.live = self.console.is_terminal
-        self.progress = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[hits]} hits"), TimeElapsedColumn(),
+        self.progress = Progress(TextColumn("{task.description:<20}"), BarColumn(bar_width=24),
+                                 TextColumn("{task.fields[count]:>9}"), TextColumn("{task.fields[hits]}"),
+                                 TextColumn("{task.fields[clock]:>6}"), TextColumn("{task.fields[left]}"),
                                  console=self.console, transient=False)
+        self.fold = ProgressFold()
         self._tasks: dict[str, int] = {}
+        self._run_task: int | None = None
         self._hits: dict[str, int] = {}
         self._main: dict[int, str] = {}
+        self._estimated_at = -1.0
+        self._printed_at = 0.0
 
     def __call__(self, event: Event) -> None:
+        self.fold.feed(event)
         if isinstance(event, ServerInfo):
             self.console.print(f"server {event.url}: {event.dialect} {event.version or ''}, model {event.model}, "
                                f"grid {event.grid} tokens ({event.grid_source}), tokenizer {event.tokenizer}, "
@@ -52,18 +67,19 @@ class HeadlessConsole:
             if self.live:
                 if not self.progress.live.is_started:
                     self.progress.start()
-                self._tasks[event.phase] = self.progress.add_task(event.phase, total=event.planned_requests,
-                                                                  hits=0)
+                if self._run_task is None:
+                    self._run_task = self.progress.add_task("run", total=None, count="", hits="", clock="", left="")
+                self._tasks[event.phase] = self.progress.add_task(event.phase, total=event.planned_requests or None,
+                                                                  count="", hits="0 hits", clock="", left="")
             else:
                 self.console.print(f"phase {event.phase}: {event.planned_requests} requests")
+            self._printed_at = event.t
         elif isinstance(event, RequestStarted) and event.arm == "main":
             self._main[event.request] = event.phase
         elif isinstance(event, RequestFinished) and event.request in self._main:
             phase = self._main.pop(event.request)
             if event.cached_tokens:
                 self._hits[phase] = self._hits.get(phase, 0) + 1
-            if phase in self._tasks:
-                self.progress.update(self._tasks[phase], advance=1, hits=self._hits[phase])
         elif isinstance(event, Finding):
             if event.severity != "info" or self.show_info:
                 self.console.print(Text(format_finding(event), style=SEVERITY_STYLE.get(event.severity, "")))
@@ -76,8 +92,37 @@ class HeadlessConsole:
             if not self.live:
                 self.console.print(f"phase {event.phase}: {event.status}"
                                    + (f" ({'; '.join(event.reasons)})" if event.reasons else ""))
+                self.console.print(Text(f"  progress: {progress_line(self.fold.estimate(event.t))}", style="grey62"))
+                self._printed_at = event.t
         elif isinstance(event, RunFinished):
+            self._show(self.fold.estimate(event.t))
             self.stop()
+            return
+        if self.live:
+            if event.t - self._estimated_at >= self.REFRESH or isinstance(event, (PhaseStarted, PhaseFinished)):
+                self._estimated_at = event.t
+                self._show(self.fold.estimate(event.t))
+        elif self.fold.running_phase() and event.t - self._printed_at >= self.PLAIN_EVERY:
+            self._printed_at = event.t
+            self.console.print(Text(f"  progress: {progress_line(self.fold.estimate(event.t))}", style="grey62"))
+
+    def _show(self, progress: RunProgress) -> None:
+        """The bars' fields from an estimate (a terminal only)."""
+        if not self.progress.live.is_started:
+            return
+        for row in progress.phases:
+            task = self._tasks.get(row.name)
+            if task is None:
+                continue
+            total = row.expected if row.expected else None
+            self.progress.update(task, completed=row.done, total=total, count=done_text(row),
+                                 hits=f"{self._hits.get(row.name, 0)} hits", clock=fmt.clock(row.elapsed_s),
+                                 left=left_text(row) if not row.finished else row.status)
+        if self._run_task is not None:
+            run = progress.run
+            power = f"  {power_text(progress.power)}" if progress.power is not None else ""
+            self.progress.update(self._run_task, completed=run.done, total=run.expected or None, count=done_text(run),
+                                 hits="", clock=fmt.clock(run.elapsed_s), left=left_text(run) + power)
 
     def stop(self) -> None:
         if self.progress.live.is_started:
@@ -162,6 +207,19 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
     percentiles = table_lines(report.latency, report.phases)
     if percentiles:
         lines.append(Text("\n".join(percentiles)))
+    turns = turn_rows(report)
+    if turns:
+        table = Table(title="agent replay, turn by turn", title_justify="left", padding=(0, 1))
+        for column in TURN_HEADERS:                  # two-word headers on two lines: 80 columns wide
+            table.add_column(column.replace(" ", "\n"), justify="left" if column in ("task", "problems") else "right",
+                             no_wrap=column != "problems")
+        for row, turn in zip(turns, agent_turns(report)):
+            styled = [Text(cell) for cell in row]
+            for at, value in ((6, turn.get("acceptance")), (7, (turn.get("control") or {}).get("acceptance"))):
+                if collapsed(report, value):
+                    styled[at].stylize("bold red")
+            table.add_row(*styled)
+        lines += [table, Text(f"  {acceptance_sentence(report)}")]
     shown = [f for f in report.findings if show_info or f.severity != "info"]
     if shown:
         lines.append(Text("findings:", style="bold"))

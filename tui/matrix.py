@@ -143,12 +143,13 @@ async def run_matrix(scenario: Scenario, profiles: list[Profile], out: Path, *,
                      listeners: Callable[[Profile], list[Listener]] = lambda p: [],
                      on_row: Callable[[int, dict[str, Any]], None] = lambda i, row: None,
                      echo: Callable[[str, str], None] | None = None,
-                     argv: list[str] | None = None) -> list[dict[str, Any]]:
+                     argv: list[str] | None = None,
+                     on_engine: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
     """Run every profile in turn; returns the rows (also written to out after each profile).
 
     `progress(profile_name, line)` gets start-up progress, `echo(profile_name, line)` every server
     output line, `listeners(profile)` the event listeners for that profile's soak, `on_row(i, row)`
-    each finished row (the live view)."""
+    each finished row, `on_engine(engine)` each soak's engine once it exists (the app pauses it)."""
     from .runner import run_profile
 
     check_names(profiles)
@@ -168,7 +169,7 @@ async def run_matrix(scenario: Scenario, profiles: list[Profile], out: Path, *,
             await run_profile(scenario, profile, bus=bus, record=log, listeners=listeners(profile),
                               progress=lambda line, n=profile.name: progress(n, line), argv=argv,
                               echo=(lambda line, n=profile.name: echo(n, line)) if echo else None,
-                              on_server=tail.append)
+                              on_server=tail.append, on_engine=on_engine)
             fill_row(row, report, log)
         except HitproofError as exc:
             if report.header is not None:
@@ -194,6 +195,8 @@ async def run_matrix(scenario: Scenario, profiles: list[Profile], out: Path, *,
 def row_line(index: int, total: int, row: dict[str, Any]) -> str:
     """One line per finished profile, for the console."""
     f = row["findings"]
+    if row["verdict"] == "not_run" or row["exit_code"] is None:
+        return f"[{index + 1}/{total}] {row['profile']}: {RESULT.get(row['verdict'], row['verdict'].upper())}: {row['message']}"
     kinds = f" ({', '.join(f['fail_kinds'])})" if f["fail_kinds"] else ""
     return (f"[{index + 1}/{total}] {row['profile']}: {RESULT.get(row['verdict'], row['verdict'])} "
             f"(exit {row['exit_code']}), {row['requests']} requests, {row['cache_hits']} cache hits, "

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Log, Static
 from textual.worker import WorkerCancelled
 
 from ..core.log import events as ev
 from ..core.config.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, HitproofError
+from .matrix_view import MatrixDone, MatrixProfileStarted, MatrixRowDone, MatrixTable, live_cells
 from .model import RunModel
 from .screens import IsolationProgress, RequestDetail
-from .widgets import FindingsTable, MetricsStrip, PhaseList, ReplicaStrip, SlotGrid, SlotPanel, TtftHistogram
+from .widgets import (FindingsTable, MetricsStrip, PhaseList, ProgressStrip, ReplicaStrip, SlotGrid, SlotPanel,
+                      TtftHistogram)
 
 QUIT_TIMEOUT = 60.0      # seconds the soak may take to end after the user quits
 FRAME_RATE = 24          # frames per second at most; events are folded in between frames
@@ -35,10 +38,56 @@ class Source(Protocol):
     def set_paused(self, paused: bool) -> None: ...
 
 
+class Stream:
+    """One run's events on their way to its model: a source queues them, the next frame folds them."""
+
+    def __init__(self, model: RunModel | None = None) -> None:
+        self.model = model or RunModel()
+        self.pending: list[ev.Event] = []
+        self.folded_at = time.monotonic()      # when the last event was folded (the live clock's anchor)
+
+    def feed(self, event: ev.Event) -> None:
+        self.pending.append(event)
+
+    def fold(self) -> bool:
+        if not self.pending:
+            return False
+        pending, self.pending = self.pending, []
+        for event in pending:
+            self.model.apply(event)
+        self.folded_at = time.monotonic()
+        return True
+
+
+class StreamPort:
+    """What a replay inside the matrix sees of the app: its own stream (feed, replace_model) and
+    notifications. Detached when the view moves on, so a late event goes nowhere."""
+
+    def __init__(self, app: "HitproofApp", stream: Stream) -> None:
+        self.app = app
+        self.stream = stream
+        self.attached = True
+
+    def feed(self, event: ev.Event) -> None:
+        if self.attached:
+            self.stream.feed(event)
+
+    def replace_model(self, model: RunModel) -> None:
+        if self.attached:
+            self.stream.model = model
+            self.stream.pending.clear()
+            self.app.draw_frame()
+
+    def notify(self, *args: Any, **kwargs: Any) -> None:
+        if self.attached:
+            self.app.notify(*args, **kwargs)
+
+
 class HitproofApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "hitproof"
     BINDINGS = [
+        Binding("escape", "back_to_live", "live"),
         Binding("q,ctrl+c", "quit_app", "quit"),
         Binding("p", "pause", "pause"),
         Binding("space", "play", "play/pause"),
@@ -54,16 +103,25 @@ class HitproofApp(App):
         Binding("l", "toggle_log", "server log"),
         Binding("c", "toggle_compact", "compact"),
         Binding("s", "screenshot", "screenshot"),
+        Binding("m", "focus_matrix", "matrix"),
     ]
 
     def __init__(self, source: Source, *, screenshot_dir: str | Path = "screenshots", frame_rate: float = FRAME_RATE):
         super().__init__()
-        self.source = source
-        self.model = RunModel()
+        self.source = source                   # what the run view shows: the live source, or a replay
+        self.main_source = source              # what the app was built for (in a matrix: the matrix)
+        self.matrix = bool(getattr(source, "matrix", False))
+        self.stream = Stream()                 # the stream on screen
+        self.live_stream: Stream | None = self.stream if self.matrix else None   # the running profile's
+        self.viewing: int | None = None        # in a matrix: the row whose log is being replayed below
+        self._replay_port: StreamPort | None = None
+        self._replay_worker = None
+        self._matrix_table: MatrixTable | None = None
+        self.matrix_seconds: float | None = None
         self.screenshot_dir = Path(screenshot_dir)
         self.frame_rate = frame_rate
-        self._pending: list[ev.Event] = []
         self._drawn_version = -1
+        self._drawn_model: RunModel | None = None
         self._log_shown = 0
         self.paused = False
         self.force_compact: bool | None = None
@@ -80,11 +138,24 @@ class HitproofApp(App):
 
     REPLAY_ONLY = {"play", "speed", "next_finding", "next_phase", "seek_start", "seek_end"}
 
+    @property
+    def model(self) -> RunModel:
+        """The model on screen (in a matrix: the running profile's, or the replayed row's)."""
+        return self.stream.model
+
+    @model.setter
+    def model(self, model: RunModel) -> None:
+        self.stream.model = model
+
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         """Live runs and replays show only their own keys in the footer."""
         if action == "pause" and not self.source.live:
             return False
         if action in self.REPLAY_ONLY and self.source.live:
+            return False
+        if action == "focus_matrix" and not self.matrix:
+            return False
+        if action == "back_to_live" and self.viewing is None:
             return False
         return True
 
@@ -92,6 +163,10 @@ class HitproofApp(App):
 
     def compose(self) -> ComposeResult:
         yield Static(id="title")
+        if self.matrix:
+            with VerticalScroll(id="matrix-box"):
+                yield MatrixTable(self.main_source.rows, id="matrix")
+        yield ProgressStrip(id="progress")
         with Horizontal(id="top"):
             with Vertical(id="left"):
                 yield PhaseList(id="phases")
@@ -100,12 +175,13 @@ class HitproofApp(App):
             yield SlotGrid(id="slots")
         yield MetricsStrip(id="metrics")
         yield ReplicaStrip(id="replicas")
-        yield FindingsTable(id="findings")
+        yield FindingsTable(id="findings", classes="-matrix" if self.matrix else "")
         yield Log(id="server-log", max_lines=2000, classes="hidden")
         yield Footer()
 
     def on_mount(self) -> None:
         self.set_interval(1 / self.frame_rate, self.draw_frame)
+        self.set_interval(1.0, self._tick)          # elapsed and estimates move on without events too
         self.source_worker = self.run_worker(self._run_source(), name="source", group="source", exit_on_error=False)
         self.draw_frame()
 
@@ -134,31 +210,59 @@ class HitproofApp(App):
 
     def feed(self, event: ev.Event) -> None:
         """The listener sources call. It only queues; the next frame folds and draws."""
-        self._pending.append(event)
+        self.stream.feed(event)
 
     def replace_model(self, model: RunModel) -> None:
         """Swap in a model folded elsewhere (a replay jump); every widget redraws from it."""
-        self.model = model
-        self._pending.clear()
+        self.stream.model = model
+        self.stream.pending.clear()
+        self.draw_frame()
+
+    def _reset_view(self) -> None:
+        """A new model on screen: every widget redraws from scratch."""
+        title, phases, totals, slots, metrics, findings, ttft, progress, log = self._widgets
         self._drawn_version = -1
         self._log_shown = 0
-        self.query_one(FindingsTable).reset_rows()
-        self.query_one(SlotGrid).reset()
+        findings.reset_rows()
+        slots.reset()
         self._totals_shown = self._title_shown = None
-        self.query_one(MetricsStrip)._drawn = None
+        metrics._drawn = None
+        phases._drawn = None
+        ttft._drawn = None
+        progress._drawn = None
         self.query_one(ReplicaStrip)._drawn = None
-        self.query_one(PhaseList)._drawn = None
-        self.query_one(TtftHistogram)._drawn = None
-        self.query_one("#server-log", Log).clear()
+        log.clear()
+
+    def _tick(self) -> None:
+        self._drawn_version = -1
         self.draw_frame()
+
+    def now(self) -> float:
+        """The run's clock for estimates: live, the last event's time plus what passed since it
+        was folded; a replay, the position in the log."""
+        model = self.model
+        if self.source.live and not model.finished and model.events_seen:
+            return model.last_t + (time.monotonic() - self.stream.folded_at)
+        return model.last_t
 
     def draw_frame(self) -> None:
         if not self.is_running:
             return
-        if self._pending:
-            pending, self._pending = self._pending, []
-            for event in pending:
-                self.model.apply(event)
+        if self._widgets is None:
+            self._widgets = (self.query_one("#title", Static), self.query_one(PhaseList),
+                             self.query_one("#totals", Static), self.query_one(SlotGrid),
+                             self.query_one(MetricsStrip), self.query_one(FindingsTable), self.query_one(TtftHistogram),
+                             self.query_one(ProgressStrip), self.query_one("#server-log", Log))
+            self._matrix_table = self.query_one(MatrixTable) if self.matrix else None
+        live = self.live_stream
+        if live is not None and live is not self.stream:
+            live.fold()                                           # the running profile, off screen
+        self.stream.fold()
+        if self.stream.model is not self._drawn_model:
+            self._drawn_model = self.stream.model
+            self._reset_view()
+        if self._matrix_table is not None:
+            self._show_matrix()
         replay_status = getattr(self.source, "status", None)
         if self.model.version == self._drawn_version and replay_status is None:
             return
@@ -166,17 +270,14 @@ class HitproofApp(App):
         self.frames += 1
         model = self.model
         grid = model.report.server.grid if model.report.server else 0
-        w = self._widgets
-        if w is None:
-            w = self._widgets = (self.query_one("#title", Static), self.query_one(PhaseList),
-                                 self.query_one("#totals", Static), self.query_one(SlotGrid),
-                                 self.query_one(MetricsStrip), self.query_one(FindingsTable), self.query_one(TtftHistogram))
-        title, phases, totals, slots, metrics, findings, ttft = w
+        title, phases, totals, slots, metrics, findings, ttft, progress_strip, log = self._widgets
         title_text = self._title()
         if title_text != self._title_shown:
             self._title_shown = title_text
             title.update(title_text, layout=False)                # one line, fixed height
-        phases.show(model)
+        progress = model.progress.estimate(self.now())
+        progress_strip.show(progress)
+        phases.show(model, progress)
         totals_text = self._totals()
         if totals_text != self._totals_shown:                     # height auto: a layout pass only on change
             self._totals_shown = totals_text
@@ -188,14 +289,102 @@ class HitproofApp(App):
         findings.show(model)
         ttft.show(model)
         if model.server_log_total > self._log_shown:
-            log = self.query_one("#server-log", Log)
             new = min(model.server_log_total - self._log_shown, len(model.server_log))
             log.write_lines(list(model.server_log)[-new:])
             self._log_shown = model.server_log_total
 
+    # --- the matrix -------------------------------------------------------------------------
+
+    def begin_profile(self, index: int) -> Stream:
+        """A matrix profile starts: its events go to a fresh stream, on screen unless a replay is."""
+        stream = Stream()
+        if self.stream is self.live_stream:
+            self.stream = stream
+        self.live_stream = stream
+        self.status_line = ""
+        return stream
+
+    def _show_matrix(self) -> None:
+        source = self.main_source
+        running = source.running
+        live = None
+        if running is not None and self.live_stream is not None:
+            started = time.monotonic() - (source.started_at or time.monotonic())
+            live = live_cells(self.live_stream.model, started)
+        self._matrix_table.show(running=running, live=live, viewing=self.viewing)
+
+    def on_matrix_profile_started(self, message: MatrixProfileStarted) -> None:
+        self._drawn_version = -1
+
+    def on_matrix_row_done(self, message: MatrixRowDone) -> None:
+        self.main_source.rows[message.index] = message.row
+        self._drawn_version = -1
+
+    def on_matrix_done(self, message: MatrixDone) -> None:
+        self.matrix_seconds = message.seconds
+        self._drawn_version = -1
+        self.notify(f"matrix done in {message.seconds:.0f} s; enter on a row replays its run", timeout=8)
+
+    def on_matrix_table_selected(self, message: MatrixTable.Selected) -> None:
+        self.show_row(message.index)
+
+    def show_row(self, index: int) -> None:
+        """Below the rows: the running profile live, or a finished one's log as a replay."""
+        source = self.main_source
+        row = source.rows[index]
+        if index == source.running:
+            self.action_back_to_live()
+            return
+        if row["verdict"] == "not_run" or not row.get("log"):
+            self.notify(f"{row['profile']}: not run yet" if row["verdict"] == "not_run"
+                        else f"{row['profile']}: no log ({row['message']})", severity="warning")
+            return
+        from .replay import ReplaySource
+        try:
+            replay = ReplaySource(row["log"])
+        except HitproofError as exc:
+            self.notify(f"{row['profile']}: {exc}", severity="error")
+            return
+        self._stop_replay()
+        stream = Stream()
+        port = StreamPort(self, stream)
+        self._replay_port = port
+        self.source, self.stream, self.viewing = replay, stream, index
+        self._replay_worker = self.run_worker(replay.run(port), group="replay", exit_on_error=False)
+        self.refresh_bindings()
+        self._drawn_version = -1
+
+    def _stop_replay(self) -> None:
+        if self._replay_port is not None:
+            self._replay_port.attached = False
+            self._replay_port = None
+        if self.source is not self.main_source:
+            stop = getattr(self.source, "stop", None)
+            if stop is not None:
+                stop()
+        if self._replay_worker is not None:
+            self._replay_worker.cancel()
+            self._replay_worker = None
+
+    def action_back_to_live(self) -> None:
+        if self.viewing is None:
+            return
+        self._stop_replay()
+        self.source, self.viewing = self.main_source, None
+        self.stream = self.live_stream if self.live_stream is not None else Stream()
+        self.refresh_bindings()
+        self._drawn_version = -1
+        self.draw_frame()
+
+    def action_focus_matrix(self) -> None:
+        if self._matrix_table is not None:
+            self._matrix_table.focus()
+
     def _title(self) -> Text:
         m = self.model
         out = Text("hitproof ", style="bold")
+        if self.matrix:
+            out.append_text(self._matrix_badge())
         replay_status = getattr(self.source, "status", None)
         if replay_status is not None:
             out.append(f" {replay_status()} ", style="bold black on magenta")
@@ -218,6 +407,25 @@ class HitproofApp(App):
                                        if part), style="cyan")
         elif m.report.header:
             out.append(f"  {m.report.header.target.get('url') or ''}", style="cyan")
+        return out
+
+    def _matrix_badge(self) -> Text:
+        """Which matrix row the run below belongs to, and how far the matrix is."""
+        source = self.main_source
+        rows = source.rows
+        out = Text()
+        if source.finished:
+            seconds = f" in {self.matrix_seconds:.0f}s" if self.matrix_seconds is not None else ""
+            out.append(f" MATRIX done{seconds} ", style="bold black on green")
+        elif source.running is not None:
+            out.append(f" MATRIX {source.running + 1}/{len(rows)} ", style="bold black on cyan")
+        else:
+            out.append(" MATRIX ", style="bold black on cyan")
+        index = self.viewing if self.viewing is not None else source.running
+        if index is None:
+            index = max((i for i, r in enumerate(rows) if r["verdict"] != "not_run"), default=None)
+        if index is not None:
+            out.append(f" {rows[index]['profile']} ", style="bold")
         return out
 
     def show_status(self, line: str) -> None:
@@ -345,6 +553,15 @@ class HitproofApp(App):
         self.source.seek(len(self.source.index))
 
     async def action_quit_app(self) -> None:
+        if self.matrix:
+            self._stop_replay()
+            if not self.main_source.finished:      # the rows done so far stay in the files
+                self.source_worker.cancel()
+                await self._wait_for_source("stop")
+                if self.failure is None:
+                    self.exit_code = EXIT_INTERRUPTED
+            self.exit(return_code=self.exit_code if self.exit_code is not None else EXIT_INTERRUPTED)
+            return
         if self.model.report.end is None and self.source.live and self.failure is None:
             self.source_worker.cancel()
             await self._wait_for_source("stop")

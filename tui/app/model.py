@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.log import events as ev
+from ..core.report.progress import ProgressFold
 from ..core.report.report import RunReport
 
 MAX_LOG_LINES = 2000
@@ -114,6 +115,7 @@ class RunModel:
 
     def __init__(self) -> None:
         self.report = RunReport()
+        self.progress = ProgressFold(self.report.tally)     # requests done of planned, estimates, power
         self.phases: dict[str, PhaseView] = {}
         self.current_phase: str | None = None
         self.slots: dict[int, SlotView] = {}
@@ -142,6 +144,7 @@ class RunModel:
         if event.t > self.last_t:
             self.last_t = event.t
         self.report.feed(event)
+        self.progress.feed(event)
         kind = event.type
         try:
             handler = _HANDLERS[kind]

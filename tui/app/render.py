@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from ..core.report import fmt
+from ..core.report.progress import Estimate, RunProgress, done_text, left_text, power_text
 from .model import PhaseView, RequestView, RunModel
 
 HIGHLIGHT_STYLE = {
@@ -21,26 +23,72 @@ PHASE_LABEL = {"shared_concurrency": "shared", "agent_replay": "agent replay"}
 SPARK = "▁▂▃▄▅▆▇█"
 
 
-def phase_table(model: RunModel) -> Table:
+def phase_table(model: RunModel, progress: RunProgress | None = None) -> Table:
+    """Every phase of the run: started ones with their status and requests done of expected, the
+    ones still to come (from the run's plan) greyed."""
     table = Table.grid(padding=(0, 1))
     table.add_column(width=1)
     table.add_column(no_wrap=True, overflow="ellipsis")
     table.add_column(justify="right", no_wrap=True)
-    for phase in model.phases.values():
+    estimates = {e.name: e for e in progress.phases} if progress is not None else {}
+    names = list(dict.fromkeys([*model.phases, *estimates]))
+    for name in names:
+        phase = model.phases.get(name)
+        if phase is None:
+            table.add_row(Text("·", style="grey50"), Text(PHASE_LABEL.get(name, name), style="grey50"),
+                          Text(_planned(estimates[name]), style="grey50"))
+            continue
         glyph, style = STATUS_GLYPH.get(phase.status, ("?", ""))
         table.add_row(Text(glyph, style=style), Text(PHASE_LABEL.get(phase.name, phase.name),
                                                      style=style if phase.status == "running" else ""),
-                      Text(_progress(phase), style="grey70"))
+                      Text(_progress(phase, estimates.get(name)), style="grey70"))
     return table
 
 
-def _progress(phase: PhaseView) -> str:
+def _planned(estimate: Estimate) -> str:
+    return "?" if estimate.expected is None else (f"~{estimate.expected}" if estimate.planned is not None
+                                                  and estimate.expected < estimate.planned else str(estimate.expected))
+
+
+def _progress(phase: PhaseView, estimate: Estimate | None = None) -> str:
     parts = []
     if phase.rounds and phase.round is not None and phase.status == "running":
-        # rounds are numbered from 0 everywhere (the log, reports, slot panels): round 0 of rotation is cold
-        parts.append(f"r{phase.round} of 0-{phase.rounds - 1}")
-    parts.append(f"{phase.done}/{phase.planned}")
+        # rounds are numbered from 0 everywhere (the log, reports, slot panels): round 0 of rotation is
+        # cold; "r2/5" is round 2 of rounds 0 to 5 (short: the phase column is narrow)
+        parts.append(f"r{phase.round}/{phase.rounds - 1}")
+    parts.append(done_text(estimate) if estimate is not None and phase.status == "running"
+                 else f"{phase.done}/{phase.planned}" if phase.status == "running" else str(phase.done))
     return " ".join(parts)
+
+
+def progress_strip(progress: RunProgress, width: int = 80) -> Text:
+    """One line to plan by: the run (requests done of expected, elapsed, the rest), the running
+    phase, and the power target's checked hits of needed."""
+    run = progress.run
+    out = Text()
+    out.append("run ", style="bold")
+    out.append(f"{done_text(run)} req ", style="bold")
+    out.append(fmt.clock(run.elapsed_s), style="grey70")
+    out.append(f" {left_text(run)}", style="cyan" if run.status != "done" else "green")
+    running = progress.running
+    if running is not None:
+        out.append("  │ ", style="grey50")
+        out.append(PHASE_LABEL.get(running.name, running.name), style="bold cyan")
+        out.append(f" {done_text(running)} {fmt.clock(running.elapsed_s)} ", style="grey70")
+        out.append(left_text(running), style="cyan")
+    power = progress.power
+    if power is not None:
+        out.append("  │ ", style="grey50")
+        out.append(power_text(power), style=("green" if power.reached else "yellow" if power.reached is False
+                                             else "magenta"))
+        if power.reached is None and width - out.cell_len >= 12:
+            cells = 10
+            filled = min(cells, int(cells * power.checked / power.needed)) if power.needed else cells
+            out.append(" ▕", style="grey50")
+            out.append("█" * filled, style="magenta")
+            out.append("░" * (cells - filled) + "▏", style="grey50")
+    out.truncate(width, overflow="ellipsis")
+    return out
 
 
 def answer_text(view: RequestView, registry: dict[str, str], *, tail: int | None = None) -> Text:

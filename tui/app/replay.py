@@ -87,6 +87,12 @@ class ReplaySource:
         if play and (self._player is None or self._player.done()):
             self._player = asyncio.get_running_loop().create_task(self._play())
 
+    def stop(self) -> None:
+        """Stop playing for good (the matrix moves its view elsewhere)."""
+        self.playing = False
+        if self._player is not None and not self._player.done():
+            self._player.cancel()
+
     def set_speed(self, key: str) -> None:
         self.speed = SPEEDS.get(key, self.speed)
 

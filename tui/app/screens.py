@@ -10,7 +10,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
 from ..core.checks.detectors import first_divergence
-from ..core.report.fmt import cell
+from ..core.report import fmt
 from .model import RequestView, RunModel
 from .render import HIGHLIGHT_STYLE, answer_text
 
@@ -96,12 +96,13 @@ class RequestDetail(Screen):
         view = self.model.requests[self.request]
         head = Text()
         head.append(f"request {view.request}", style="bold")
-        head.append(f"  phase {view.phase or '-'}  slot {cell(view.slot)}  round {cell(view.round)}  memo "
-                    f"{cell(view.memo)}  task {view.task or '-'}  arm {view.arm or '-'}")
+        fields = [("phase", view.phase), ("slot", view.slot), ("round", view.round), ("memo", view.memo),
+                  ("task", view.task), ("arm", view.arm)]
+        head.append("".join(f"  {name} {value}" for name, value in fields if value not in (None, "")))
         if view.code:
             head.append("  code ")
             head.append(view.code, style=HIGHLIGHT_STYLE["own"])
-        head.append(f"\nprompt {cell(view.prompt_tokens)} tok, cached {cell(view.cached_tokens)}, ttft "
+        head.append(f"\nprompt {fmt.cell(view.prompt_tokens)} tok, cached {fmt.cell(view.cached_tokens)}, ttft "
                     f"{'-' if view.ttft is None else f'{view.ttft * 1000:.0f} ms'}", style="grey70")
         memo = self.model.memos.get(view.memo or "")
         if memo and memo.code_tokens and memo.code_tokens[0] is not None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from ..core.soak.engine import Outcome, SoakEngine
@@ -45,24 +47,96 @@ class LiveSource:
         return outcome.exit_code
 
     async def isolate(self, request: int, kind: str | None) -> bool:
-        engine = self.engine
-        if engine is None or engine.requester is None or engine.requester.record(request) is None:
-            return False
-        finding = next((f for f in engine.findings if f.request == request and (kind is None or f.kind == kind)),
-                       None)
-        if finding is None:
-            record = engine.requester.record(request)
-            finding = Finding(kind="any", severity="info", phase=record.phase, slot=record.slot,
-                              round=record.round, request=request)
-        was_running = engine.gate.is_set()
-        engine.gate.clear()               # alone: the soak sends nothing new while isolation runs
-        try:
-            await engine.isolate(finding)
-        finally:
-            if was_running:
-                engine.gate.set()
-        return True
+        return await isolate_on(self.engine, request, kind)
 
     def set_paused(self, paused: bool) -> None:
         if self.engine is not None:
             (self.engine.gate.clear if paused else self.engine.gate.set)()
+
+
+async def isolate_on(engine: SoakEngine | None, request: int, kind: str | None) -> bool:
+    """Re-send a flagged request alone on a running soak's engine (the soak pauses meanwhile);
+    False when that is not possible (no engine, or the request is no longer kept)."""
+    if engine is None or engine.requester is None or engine.requester.record(request) is None:
+        return False
+    finding = next((f for f in engine.findings if f.request == request and (kind is None or f.kind == kind)),
+                   None)
+    if finding is None:
+        record = engine.requester.record(request)
+        finding = Finding(kind="any", severity="info", phase=record.phase, slot=record.slot,
+                          round=record.round, request=request)
+    was_running = engine.gate.is_set()
+    engine.gate.clear()               # alone: the soak sends nothing new while isolation runs
+    try:
+        await engine.isolate(finding)
+    finally:
+        if was_running:
+            engine.gate.set()
+    return True
+
+
+# start(listeners=, progress=, on_row=, on_engine=) runs the matrix (tui.matrix.run_matrix), returns its rows.
+MatrixStarter = Callable[..., Awaitable[list]]
+
+
+class MatrixSource:
+    """Runs a matrix: one profile after another, each soak's events into a fresh stream of the app
+    (app.begin_profile), each finished row posted to the app as a message. The app shows the
+    running profile live below the rows; a finished row's run is its log, replayed on demand."""
+
+    live = True
+    matrix = True
+
+    def __init__(self, start: MatrixStarter, rows: list[dict], *, out: str = ""):
+        self._start = start
+        self.rows = [dict(row) for row in rows]    # the pending rows (tui.matrix.pending_row), in order
+        self.out = out
+        self.engine: SoakEngine | None = None
+        self.running: int | None = None
+        self.started_at: float | None = None       # monotonic time the running profile was launched
+        self.finished = False
+        self.paused = False
+
+    async def run(self, app: HitproofApp) -> int | None:
+        from .matrix_view import MatrixDone, MatrixProfileStarted, MatrixRowDone
+
+        begun = time.monotonic()
+        names = [row["profile"] for row in self.rows]
+
+        def listeners(profile) -> list:
+            index = names.index(profile.name)
+            self.running, self.started_at, self.engine = index, time.monotonic(), None
+            stream = app.begin_profile(index)
+            app.post_message(MatrixProfileStarted(index))
+            return [stream.feed]
+
+        def on_row(index: int, row: dict) -> None:
+            self.rows[index] = json_copy(row)
+            self.running = self.engine = None
+            app.post_message(MatrixRowDone(index, self.rows[index]))
+
+        def attach(engine: SoakEngine) -> None:
+            self.engine = engine
+            if self.paused:
+                engine.gate.clear()
+
+        def progress(name: str, line: str) -> None:
+            app.show_status(f"[{name}] {line}")
+
+        await self._start(listeners=listeners, progress=progress, on_row=on_row, on_engine=attach)
+        self.finished = True
+        app.post_message(MatrixDone(time.monotonic() - begun))
+        return 0
+
+    async def isolate(self, request: int, kind: str | None) -> bool:
+        return await isolate_on(self.engine, request, kind)
+
+    def set_paused(self, paused: bool) -> None:
+        self.paused = paused
+        if self.engine is not None:
+            (self.engine.gate.clear if paused else self.engine.gate.set)()
+
+
+def json_copy(row: dict) -> dict:
+    """A row as the files have it (plain data, not shared with the matrix runner)."""
+    return json.loads(json.dumps(row))

@@ -10,7 +10,8 @@ from textual.widgets import DataTable, Static
 from ..core.report import fmt
 from ..core.report.latency import LatencyFold, histogram, percentile
 from .model import RunModel
-from .render import metrics_line, phase_table, slot_panel
+from ..core.report.progress import RunProgress
+from .render import metrics_line, phase_table, progress_strip, slot_panel
 
 SEVERITY_STYLE = {"fail": "bold red", "warn": "yellow", "info": "grey62"}
 # In the compact view (many slots, one line each) a streaming answer repaints on one frame in
@@ -24,12 +25,27 @@ COMPACT_STREAM_TURNS = 5
 class PhaseList(Static):
     _drawn: tuple | None = None
 
-    def show(self, model: RunModel) -> None:
-        key = tuple((p.name, p.status, p.round, p.rounds, p.done, p.planned) for p in model.phases.values())
+    def show(self, model: RunModel, progress: RunProgress | None = None) -> None:
+        key = (tuple((p.name, p.status, p.round, p.rounds, p.done, p.planned) for p in model.phases.values()),
+               tuple((e.name, e.expected) for e in progress.phases) if progress is not None else ())
         if key == self._drawn:
             return                      # unchanged: no re-render, no layout pass
         self._drawn = key
-        self.update(phase_table(model))
+        self.update(phase_table(model, progress))
+
+
+class ProgressStrip(Static):
+    """One line: the run's requests done of expected, elapsed and an estimate of the rest, the
+    running phase's, and the power target's checked hits of needed."""
+
+    _drawn: Text | None = None
+
+    def show(self, progress: RunProgress) -> None:
+        text = progress_strip(progress, self.content_size.width or 80)
+        if text == self._drawn:
+            return
+        self._drawn = text
+        self.update(text, layout=False)                     # one line, fixed height
 
 
 class SlotPanel(Static, can_focus=True):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..config.errors import BadInput
-from .events import DecodeError, Event, RunHeader, decode
+from .events import DecodeError, Event, RunHeader
 from .recorder import HEADER_LIMIT, decode_line, header_of
 
 # Lines whose kind matters for navigation; the prefix is how the recorder writes them.

@@ -52,6 +52,18 @@ def seconds(value_s: float | None) -> str:
     return f"{value_s:,.0f} s"
 
 
+def clock(value_s: float | None) -> str:
+    """A span of time to plan by, whole seconds: '45s', '3m05s', '1h02m'."""
+    if value_s is None:
+        return MISSING
+    total = max(0, round(value_s))
+    if total < 60:
+        return f"{total}s"
+    if total < 3600:
+        return f"{total // 60}m{total % 60:02d}s"
+    return f"{total // 3600}h{total % 3600 // 60:02d}m"
+
+
 def pct(rate: float | None, digits: int = 1) -> str:
     """A rate as a percentage without trailing zeros: 0.03 -> '3%', 0.0297 -> '3%', 0.0049 -> '0.5%'."""
     if rate is None:

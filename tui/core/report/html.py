@@ -206,6 +206,8 @@ def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
         out.append(turns_chart(label, fold.turns.get((phase, "main"), []),
                                fold.turns.get((phase, "control"), []) if phase == "agent_replay" else ()))
 
+    out.append(_agent_turns_table(report))
+
     # timeline
     ordered = sorted(range(len(report.findings)),
                      key=lambda i: ({"fail": 0, "warn": 1, "info": 2}.get(report.findings[i].severity, 3),
@@ -297,6 +299,30 @@ def _replica_rows(report: RunReport) -> list[str]:
     out.append(f"<p>Attributed by {_e(how or 'nothing')}."
                + (f' <span class="status-inconclusive">Routing: {_e(detail)}</span>' if not ok else "") + "</p>")
     return out
+
+
+def _agent_turns_table(report: RunReport) -> str:
+    """The agent replay turn by turn: tokens, TTFT, problems, and the acceptance length with reuse and
+    in the control arm (a collapsed one in red)."""
+    from .turns import HEADERS, acceptance_sentence, agent_turns, collapsed, turn_rows
+
+    rows = turn_rows(report)
+    if not rows:
+        return ""
+    out = ['<h3 id="agent-turns">Agent replay, turn by turn</h3><table class="agent-turns"><tr>'
+           + "".join(f"<th>{_e(h)}</th>" for h in HEADERS) + "</tr>"]
+    for row, turn in zip(rows, agent_turns(report)):
+        values = {6: turn.get("acceptance"), 7: (turn.get("control") or {}).get("acceptance")}
+        cells = []
+        for i, cell in enumerate(row):
+            classes = ([] if i in (2, 8) else ["n"]) + (["status-fail"] if collapsed(report, values.get(i)) else [])
+            attrs = f' class="{" ".join(classes)}"' if classes else ""
+            if i in values:
+                attrs += f' data-acceptance="{_e(cell)}"'
+            cells.append(f"<td{attrs}>{_e(cell)}</td>")
+        out.append(f'<tr data-turn="{_e(turn.get("turn"))}">' + "".join(cells) + "</tr>")
+    out.append(f'</table><p class="small">{_e(acceptance_sentence(report))}.</p>')
+    return "".join(out)
 
 
 def _thousands(value: Any) -> Any:

@@ -12,6 +12,7 @@ from .incident import incident_rows
 from .latency import ARMS, STAT_KEYS
 from .power import KINDS, evidence_counts, rotation_slots, sizing_sentence
 from .report import RunReport
+from .turns import HEADERS as TURN_HEADERS, acceptance_sentence, turn_rows
 
 
 def _md(value: Any) -> str:
@@ -33,7 +34,7 @@ def to_markdown(report: RunReport) -> str:
              f"{report.last_t:.1f} s.", ""]
     if report.warning:
         lines += [f"> **Warning:** {report.warning}", ""]
-    for section in (_server_and_run, incident_markdown, _phases, _replicas, _timing, ttft_markdown, _findings,
+    for section in (_server_and_run, incident_markdown, _phases, _replicas, _timing, ttft_markdown, _agent_turns, _findings,
                     _isolations, _power):
         lines += section(report)
     return "\n".join(lines)
@@ -104,6 +105,14 @@ def _replicas(report: RunReport) -> list[str]:
     if not ok:
         notes.append(f"**Routing:** {detail}.")
     return lines + [" ".join(n for n in notes if n), ""]
+
+
+def _agent_turns(report: RunReport) -> list[str]:
+    rows = turn_rows(report)
+    if not rows:
+        return []
+    return ["### Agent replay, turn by turn", ""] + _table(TURN_HEADERS, rows) + ["", acceptance_sentence(report) + ".",
+                                                                                 ""]
 
 
 def _findings(report: RunReport) -> list[str]:

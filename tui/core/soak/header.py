@@ -11,6 +11,7 @@ from typing import Any
 from ... import __version__
 from ..config.scenario import Scenario
 from ..log.events import RunHeader
+from .phases import PHASES
 
 
 def run_header(scenario: Scenario, target, nonce: str, argv: list[str]) -> RunHeader:
@@ -23,7 +24,9 @@ def run_header(scenario: Scenario, target, nonce: str, argv: list[str]) -> RunHe
               "argv": list(argv)},
         scenario={"name": s.name, "source": s.source,
                   "sha256": hashlib.sha256(s.text.encode()).hexdigest() if s.text else None,
-                  "settings": s.to_dict(), "text": s.text},
+                  "settings": s.to_dict(), "text": s.text,
+                  # what each phase plans (its PhaseStarted says it again): progress and estimates
+                  "plan": {name: PHASES[name].plan(s) for name in s.phases}},
         target=target_header(scenario, target),
     )
 

@@ -56,6 +56,10 @@ async def test_a_fault_only_short_partial_hits_under_concurrency_show_is_caught_
     summary, _ = _phase(log)
     assert summary["coverage"]["buckets"]["short_partial"]["deviations"] > 0
     assert summary["coverage"]["buckets"]["full"]["deviations"] == 0
+    # the console says what the search covered and where it deviated, with the seed that replays it
+    said = " ".join(result.out.split())
+    assert "mix covered (hits/requests), by prefix:" in said and "deviating)" in said
+    assert "full prefix" in said and "replay with --seed" in said
     quick, quick_log = await _soak("partial_concurrent", QUICK, tmp_path, "quick")
     assert quick.code == 0, quick.out + quick.err                     # the scripted phases never trigger it
     assert not kinds(report_json(quick_log), "fail")

@@ -201,6 +201,8 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
             lines.append(Text(f"  {facts.determinism_line(report)}"))
         if name == "restore":
             lines += [Text(f"  {line}") for line in facts.restore_lines(report)]
+        if name == "mix":
+            lines += [Text(f"  {line}") for line in facts.mix_lines(report)]
     replicas = replica_lines(report.replicas)
     if replicas:
         lines.append(Text("\n".join(replicas)))

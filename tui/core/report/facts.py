@@ -84,5 +84,32 @@ def restore_lines(report: RunReport) -> list[str]:
     return lines
 
 
+_BUCKET_NAMES = {"first": "first sight", "short_partial": "short partial prefix", "long_partial": "long partial prefix",
+                 "full": "full prefix"}
+
+
+_LEVEL_NAMES = {"alone": "alone", "2": "2 at once", "3": "3 at once", "4+": "4 or more"}
+
+
+def mix_lines(report: RunReport) -> list[str]:
+    """What the mix phase's search covered: hits (of requests) and deviations by cached-length bucket,
+    by concurrency at the time, and the seed that replays it."""
+    phase = report.phases.get("mix") or {}
+    cover = phase.get("coverage")
+    if not cover:
+        return []
+
+    def cells(table: dict, names: dict | None = None) -> str:
+        return ", ".join(f"{(names or {}).get(key, key)} {row['hits']}/{row['requests']}"
+                         + (f" ({row['deviations']} deviating)" if row.get("deviations") else "")
+                         for key, row in table.items() if row.get("requests"))
+
+    seed = phase.get("seed")
+    lines = [f"mix covered (hits/requests), by prefix: {cells(cover.get('buckets') or {}, _BUCKET_NAMES)}",
+             f"mix by requests in flight: {cells(cover.get('by_concurrency') or {}, _LEVEL_NAMES)}; near ties {cover.get('near_ties', 0)}"
+             + (f"; replay with --seed {seed}" if seed is not None else "")]
+    return lines
+
+
 def fmt_count(value) -> str:
     return fmt.MISSING if value is None else f"{value:,}"

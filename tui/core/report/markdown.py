@@ -84,7 +84,7 @@ def _phases(report: RunReport) -> list[str]:
 
 
 def _timing(report: RunReport) -> list[str]:
-    timing = facts.ttft_lines(report) + [x for x in [facts.determinism_line(report)] if x] + facts.restore_lines(report)
+    timing = facts.ttft_lines(report) + [x for x in [facts.determinism_line(report)] if x] + facts.restore_lines(report) + facts.mix_lines(report)
     return ["### Timing and determinism", ""] + [f"- {t}" for t in timing] + [""] if timing else []
 
 

@@ -49,8 +49,13 @@ async def test_a_fault_only_short_partial_hits_under_concurrency_show_is_caught_
     assert result.code == 1, result.out + result.err
     report = report_json(log)
     assert "foreign_code" in kinds(report, "fail")
+    # Every divergence is a partial-prefix hit with others in flight, never a full one. Whether the
+    # 5 re-hits reproduce it (fail) or not (info) depends on whether they too overlap other workers'
+    # requests, and how much of a turn is cached (short or long partial) on which write landed first:
+    # both vary with the machine's load (seen: all info, one long_partial, under a loaded fast tier).
     divergences = [f for f in report["findings"] if f["kind"] == "hit_path_divergence"]
-    assert divergences and all(f["evidence"]["bucket"] == "short_partial" for f in divergences)
+    assert divergences and all(f["evidence"]["bucket"] in ("short_partial", "long_partial") for f in divergences)
+    assert any(f["evidence"]["bucket"] == "short_partial" for f in divergences)
     assert all(f["evidence"]["in_flight"] >= 2 for f in divergences)
     assert all(f["evidence"]["sequence"][-1]["request"] == f["request"] for f in divergences)
     summary, _ = _phase(log)

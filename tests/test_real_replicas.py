@@ -25,15 +25,18 @@ from tui.embedded import router as R
 
 pytestmark = pytest.mark.realserver
 
+# Memos past 512 tokens: llama.cpp keeps Gemma 3's sliding-window cache only through checkpoints
+# taken a batch before a prompt's end, so a 300-token memo asked with another question is never a
+# hit (seen: every rotation request fully re-processed, LCP similarity 0.94); 1,100 tokens are.
 SMALL = """
 [scenario]
 phases = ["cold_hit", "rotation"]
 [evidence]
-memo_tokens = 400
+memo_tokens = 1100
 [phases.rotation]
 slots = 4
 rounds = 3
-memo_tokens = 300
+memo_tokens = 1100
 """
 RESTORE_CLEAN = """
 [scenario]

@@ -30,6 +30,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache-report", action="store_true",
                         help="report no per-request cached tokens (usage without prompt_tokens_details, as "
                              "vLLM without --enable-prompt-tokens-details); /metrics still counts them")
+    parser.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME",
+                        help="serve LoRA adapters under these names, as vLLM does (a request picks one with "
+                             "model: NAME; NAME=PATH is accepted, the path ignored)")
+    parser.add_argument("--no-prefix-caching", action="store_true",
+                        help="never reuse cached blocks (vLLM's --no-enable-prefix-caching)")
     parser.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens,
                         help="> 0: pretend a drafter and export vllm:spec_decode_* counters")
 
@@ -41,7 +46,9 @@ def _config(ns: argparse.Namespace) -> RefServerConfig:
         decode_ms_per_token=ns.decode_ms_per_token, model_name=ns.model_name,
         drift_min_tokens=getattr(ns, "drift_min_tokens", RefServerConfig.drift_min_tokens),
         num_speculative_tokens=getattr(ns, "num_speculative_tokens", 0),
-        cache_report=not getattr(ns, "no_cache_report", False))
+        cache_report=not getattr(ns, "no_cache_report", False),
+        lora_modules=tuple(m.split("=", 1)[0] for m in getattr(ns, "lora_modules", None) or ()),
+        prefix_caching=not getattr(ns, "no_prefix_caching", False))
 
 
 async def serve(config: RefServerConfig) -> None:

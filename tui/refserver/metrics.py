@@ -56,7 +56,7 @@ def render(pipeline: Pipeline) -> str:
     info = {
         "block_size": str(cfg.block_size),
         "cache_dtype": "auto",
-        "enable_prefix_caching": "True",
+        "enable_prefix_caching": str(cfg.prefix_caching),
         "gpu_memory_utilization": "0.9",
         "is_attention_free": "False",
         "mamba_block_size": str(cfg.block_size),

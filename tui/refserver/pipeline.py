@@ -16,7 +16,7 @@ from . import shapes
 from .cache import PrefixCache
 from .config import RefServerConfig
 from .faults import Restore, make_fault
-from .model import Generation, fingerprint_digest, generate
+from .model import Generation, fingerprint_digest, generate, with_adapters
 from .tokenizer import Token, tokenize
 
 
@@ -47,6 +47,8 @@ class Admission:
     generation: Generation
     digest: bytes
     jittered: bool
+    adapter: str = ""                     # the LoRA adapter it runs under ("": the base model)
+    block_adapters: tuple[str, ...] = ()  # who computed each restored block
 
     @property
     def prompt_tokens(self) -> int:
@@ -69,27 +71,30 @@ class Pipeline:
         self.hit_requests = 0
         self.running = 0
 
-    def admit(self, prompt_text: str, salt: str, max_tokens: int, request_id: str) -> Admission:
+    def admit(self, prompt_text: str, salt: str, max_tokens: int, request_id: str, adapter: str = "") -> Admission:
         prompt = tokenize(prompt_text)
         if len(prompt) >= self.config.max_model_len:
             raise PromptTooLong(
                 f"This model's maximum context length is {self.config.max_model_len} tokens. "
                 f"However, your prompt has {len(prompt)} tokens.")
-        hashes = self.cache.hashes([t.id for t in prompt], salt)
-        blocks = self.cache.lookup(hashes, len(prompt))
+        hashes = self.cache.hashes([t.id for t in prompt], *self.fault.key(salt, adapter))
+        blocks = self.cache.lookup(hashes, len(prompt)) if self.config.prefix_caching else []
         cached = len(blocks) * self.config.block_size
         restored: list[Token] = []
         if blocks:
             self.hit_requests += 1
-            restored = self.fault.restore(Restore(blocks, prompt, request_id, self.hit_requests, self.cache))
+            restored = self.fault.restore(Restore(blocks, prompt, request_id, self.hit_requests, self.cache,
+                                                  tuple(hashes[:len(blocks)])))
         state = restored + prompt[cached:]
         jitter = self.fault.jitter(len(prompt))
-        generation = generate(state, max_tokens, jitter)
+        computed_by = [b.adapter for b in blocks] + [adapter]
+        generation = generate(state, max_tokens, jitter, computed_by)
         self.stats.queries += len(prompt)
         self.stats.hits += self.fault.counted(cached)
         self.stats.prompt_tokens += len(prompt)
         return Admission(request_id, prompt, hashes, cached, state, generation,
-                         fingerprint_digest(state), jitter is not None)
+                         with_adapters(fingerprint_digest(state), computed_by), jitter is not None, adapter,
+                         tuple(b.adapter for b in blocks))
 
     def prefill_seconds(self, adm: Admission) -> float:
         tokens = self.fault.prefill_tokens(adm.prompt_tokens, adm.cached_tokens)
@@ -102,7 +107,7 @@ class Pipeline:
         return shapes.usage(adm.prompt_tokens, completion_tokens, cached)
 
     def commit(self, adm: Admission) -> None:
-        self.cache.store(adm.hashes, adm.state, adm.request_id)
+        self.cache.store(adm.hashes, adm.state, adm.request_id, adm.adapter, adm.block_adapters)
 
     def outcome(self, adm: Admission, stops: list[str]) -> Outcome:
         pieces = adm.generation.pieces

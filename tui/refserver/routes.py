@@ -39,7 +39,8 @@ async def version(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     cfg = request.app[PIPELINE].config
-    return web.json_response(shapes.models_body(cfg.model_name, request.app[STARTED], cfg.max_model_len))
+    return web.json_response(shapes.models_body(cfg.model_name, request.app[STARTED], cfg.max_model_len,
+                                                cfg.lora_modules))
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -81,11 +82,13 @@ async def _generate(request: web.Request, parse) -> web.StreamResponse:
     try:
         body = load_json(await request.read())
         wanted = pipeline.config.model_name
-        if body.get("model") not in (None, wanted):
-            return _error(f"The model `{body.get('model')}` does not exist.", 404, "model")
+        model = body.get("model")
+        if model not in (None, wanted, *pipeline.config.lora_modules):
+            return _error(f"The model `{model}` does not exist.", 404, "model")
         params: Params = parse(body)
         rid = ("chatcmpl-" if params.chat else "cmpl-") + uuid.uuid4().hex
-        adm = pipeline.admit(params.prompt_text, params.cache_salt, params.max_tokens, rid)
+        adapter = model if model in pipeline.config.lora_modules else ""
+        adm = pipeline.admit(params.prompt_text, params.cache_salt, params.max_tokens, rid, adapter)
     except (BadRequest, PromptTooLong) as exc:
         return _error(str(exc), param=getattr(exc, "param", None))
     pipeline.running += 1

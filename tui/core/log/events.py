@@ -56,6 +56,8 @@ class ServerInfo(Event):
     cached_queries: str = ""    # its query counter, to tell other clients' traffic apart
     cached_fix: str = ""        # the server option that would make it report per-request cached tokens
     facts: dict[str, Any] = field(default_factory=dict)
+    # LoRA adapters it serves: [{"name", "model", "extra", ...}] (tui.core.server.adapters)
+    adapters: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -111,6 +113,7 @@ class RequestStarted(Event):
     prompt_chars: int = 0
     prompt_tail: str = ""       # the question, for the UI
     max_tokens: int = 0
+    identity: str | None = None     # the adapter it runs under (None: the base model, nothing chosen)
 
 
 @dataclass

@@ -153,6 +153,8 @@ class OpenAIClient:
                 body["top_logprobs"] = spec.logprobs
             else:
                 body["logprobs"] = spec.logprobs
+        if spec.extra:
+            body.update(spec.extra)
         if spec.salt is not None:
             if self.dialect == "llamacpp":
                 body["cache_prompt"] = False      # llama.cpp has no salt: refuse reuse instead

@@ -53,6 +53,9 @@ class RequestSpec:
     model: str = ""
     logprobs: int | None = None               # top-k log-probabilities per output token
     tools: list[dict] | None = None           # chat tool schemas, sent as given
+    # More body fields, sent as given: what picks an identity other than the model name (a llama.cpp
+    # `lora` list); see tui.core.server.adapters
+    extra: dict[str, Any] | None = None
 
     def prompt_chars(self) -> int:
         if self.prompt is not None:

@@ -311,7 +311,8 @@ class SoakEngine:
     async def _discover(self) -> ServerInfo:
         found = await discover(self.client, dialect=self.target.dialect)
         models = found.model_ids
-        model = self.scenario.model or (models[0] if models else "")
+        bases = found.base_model_ids or models
+        model = self.scenario.model or (bases[0] if bases else "")
         dialect = self.client.dialect = found.dialect
         snapshot = found.metrics
         self.metrics_available = found.metrics_available
@@ -336,7 +337,7 @@ class SoakEngine:
             metrics_available=self.metrics_available,
             salts="cache_prompt=false" if dialect == "llamacpp" else "cache_salt", facts=facts,
             cached_report=report, cached_counter=counter, cached_queries=queries,
-            cached_fix=CACHE_REPORT_FIX.get(dialect, CACHE_REPORT_FIX["openai"]))
+            cached_fix=CACHE_REPORT_FIX.get(dialect, CACHE_REPORT_FIX["openai"]), adapters=found.adapters)
         self.emit(info)
         return info
 

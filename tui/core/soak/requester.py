@@ -15,6 +15,7 @@ from ..evidence.text import DETERMINISM_QUESTION, RECALL_QUESTION, SUMMARY_QUEST
 from ..evidence.codes import CodeOwner
 from ..evidence.tokens import TokenCounter
 from ..log.events import Finding, MemoPlanted, RequestFinished, RequestStarted, RoundStarted
+from ..server.adapters import label_of
 from ..server.client import RequestSpec
 from .context import SoakContext
 from .judge import Judge
@@ -162,9 +163,11 @@ class Requester:
     async def send(self, state: PhaseState, spec: RequestSpec, *, task: str, memo: Memo | None = None,
                    slot: int | None = None, round: int | None = None, turn: int | None = None,
                    expect: str = "any", arm: str = "main", of_request: int | None = None,
-                   judges: Iterable[str] = ALL_JUDGES, control: bool = True) -> Record:
+                   judges: Iterable[str] = ALL_JUDGES, control: bool = True, fingerprints: bool = True) -> Record:
         """Send, check, judge. `control=False`: the phase runs its own control arm and judges
-        hit-path problems itself (foreign codes, wrong tasks and cold checks are still judged here)."""
+        hit-path problems itself (foreign codes, wrong tasks and cold checks are still judged here).
+        `fingerprints=False`: the phase compares log-probabilities itself (the partition phase, whose
+        references are per identity)."""
         if arm != "isolation":               # isolation re-runs go alone while the soak waits
             await self.ctx.gate.wait()
         self._next_request += 1
@@ -175,7 +178,8 @@ class Requester:
                             memo=memo.memo_id if memo else None, code=memo.code if memo else None,
                             task=task, arm=arm, of_request=of_request, salt=spec.salt, api=spec.api,
                             expect=expect, prompt_chars=spec.prompt_chars(), prompt_tail=tail,
-                            max_tokens=spec.max_tokens))
+                            max_tokens=spec.max_tokens,
+                            identity=label_of(spec.model, spec.extra, self.server.model, self.server.adapters)))
         on_text = DeltaCoalescer(emit, index)
         tolerance = await self.cold_tolerance(spec)
         sent_at = time.monotonic()
@@ -227,7 +231,7 @@ class Requester:
         state.note(record, arm)
         self._remember(record)
         if arm == "main":
-            await self.judge.judge(state, record, expect, tuple(judges), control)
+            await self.judge.judge(state, record, expect, tuple(judges), control, fingerprints)
         return record
 
     async def _await_checkpoint_line(self, since: float, cached: int | None, wait: float = 0.5) -> None:

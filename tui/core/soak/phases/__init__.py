@@ -1,6 +1,7 @@
 """One module per phase. Each has TITLE, plan(scenario) -> dict, and async run(requester, state)."""
 
-from . import agent_replay, cold_hit, control, conversation, determinism, long_prompt, rotation, shared_concurrency
+from . import (agent_replay, cold_hit, control, conversation, determinism, eviction, long_prompt, partition, rotation,
+               shared_concurrency)
 
 PHASES = {
     "cold_hit": cold_hit,
@@ -11,4 +12,6 @@ PHASES = {
     "determinism": determinism,
     "control": control,
     "agent_replay": agent_replay,
+    "partition": partition,
+    "eviction": eviction,
 }

@@ -123,8 +123,9 @@ class Requester:
         while len(self._recent) > KEEP_RECENT:
             self._recent.popitem(last=False)
 
-    def round(self, state: PhaseState, round_: int, rounds: int, assignment: dict[str, str]) -> None:
-        self.emit(RoundStarted(phase=state.name, round=round_, rounds=rounds, assignment=assignment))
+    def round(self, state: PhaseState, round_: int, rounds: int, assignment: dict[str, str]) -> float:
+        """Announce a round; the run time it started at (seconds, as every event's t)."""
+        return self.emit(RoundStarted(phase=state.name, round=round_, rounds=rounds, assignment=assignment)).t
 
     async def shared_memo(self, state: PhaseState) -> tuple[Memo, bool]:
         """The memo phases 1-3 share; (memo, True) the first time it is made (it is cold then)."""

@@ -9,7 +9,8 @@ sliding-window groups take blocks of their own), llama.cpp's slots (each keeps i
 `min_memos` and `max_memos`. Pass 0 admits every memo (cold, then the same request: a hit); each
 later pass sends every memo again (a miss after having hit is an eviction observed: whole, or
 partial when fewer tokens come back) and once more (the re-admitted hit), alone on odd passes and
-`concurrency` at a time on even ones. A pool that fits (no memo evicted in a pass) is doubled, up to
+`concurrency` at a time on even ones. Each pass's start and end are run times (the t of every event),
+so its KV usage, preemptions and findings line up with the log's metrics samples. A pool that fits (no memo evicted in a pass) is doubled, up to
 `max_memos`. No eviction observed at all is inconclusive; the summary counts the evictions of each
 memo, and each pass has its KV usage, preemptions and findings, time-aligned.
 """
@@ -93,7 +94,6 @@ async def run(rq, state) -> None:
     ev = rq.scenario.eviction
     tokens, source = capacity(rq)
     pool = Pool()
-    started = time.monotonic()
     passes: list[dict] = []
     state.extra.update(capacity_tokens=tokens, capacity_source=source, passes=passes)
 
@@ -101,14 +101,13 @@ async def run(rq, state) -> None:
         new = [await rq.memo(state, tokens=ev.memo_tokens, slot=len(pool.memos) + i, tag=f"ev{len(pool.memos) + i}")
                for i in range(to - len(pool.memos))]
         pool.memos += new
-        await _pass(rq, state, pool, new, pass_no, admit=True, group=1, passes=passes, started=started)
+        await _pass(rq, state, pool, new, pass_no, admit=True, group=1, passes=passes)
 
     await grow(pool_size(ev, tokens), 0)
     done, growth, number = 0, 0, 1
     while done < ev.cycles:
         group = ev.concurrency if number % 2 == 0 else 1
-        evicted = await _pass(rq, state, pool, pool.memos, number, admit=False, group=group, passes=passes,
-                              started=started)
+        evicted = await _pass(rq, state, pool, pool.memos, number, admit=False, group=group, passes=passes)
         number += 1
         if not evicted and len(pool.memos) < ev.max_memos and growth < MAX_GROWTH:
             growth += 1
@@ -120,16 +119,15 @@ async def run(rq, state) -> None:
     _conclude(rq, state, pool, tokens, source)
 
 
-async def _pass(rq, state, pool: Pool, memos: list, number: int, *, admit: bool, group: int, passes: list,
-                started: float) -> int:
+async def _pass(rq, state, pool: Pool, memos: list, number: int, *, admit: bool, group: int, passes: list) -> int:
     """One pass over `memos`: each sent (admitted, or a miss after having hit), then again (the hit)."""
     before = dict(state.findings)
     first_metrics = await rq.scrape()
     kv_max = _value(first_metrics, KV_USAGE)
     evicted = partial = hits = 0
-    mode = "admit" if admit else ("sequential" if group == 1 else f"concurrent x{group}")
-    rq.round(state, number, number + 1, {str(i): m.memo_id for i, m in enumerate(memos[:group])})
-    t0 = round(time.monotonic() - started, 2)
+    mode = "admit" if admit else ("alone" if group == 1 else f"{group} at once")
+    t0 = rq.round(state, number, number + 1, {str(i): m.memo_id for i, m in enumerate(memos[:group])})
+    clock = time.monotonic()
     for at in range(0, len(memos), group):
         chunk = memos[at:at + group]
 
@@ -151,8 +149,8 @@ async def _pass(rq, state, pool: Pool, memos: list, number: int, *, admit: bool,
             kv_max = kv if kv_max is None else max(kv_max, kv)
     last_metrics = await rq.scrape()
     preempted = _delta(first_metrics, last_metrics, PREEMPTIONS)
-    passes.append({"pass": number, "mode": mode, "memos": len(memos), "t_start_s": t0,
-                   "t_end_s": round(time.monotonic() - started, 2), "evicted": evicted, "partial": partial,
+    passes.append({"pass": number, "mode": mode, "memos": len(memos), "t_start_s": round(t0, 2),
+                   "t_end_s": round(t0 + time.monotonic() - clock, 2), "evicted": evicted, "partial": partial,
                    "rehits": hits, "kv_usage_max": None if kv_max is None else round(kv_max, 4),
                    "preemptions": preempted,
                    "findings": {k: state.findings[k] - before.get(k, 0) for k in state.findings}})

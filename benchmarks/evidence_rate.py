@@ -516,7 +516,7 @@ async def orchestrate(args) -> dict:
             result["server"] = {"url": url, "engine": "attached"}
         else:
             from tui.core.server.launch import LaunchError, ServerProcess, free_port
-            from tui.engines import SetupError, launch_spec, prepare
+            from tui.embedded import SetupError, launch_spec, prepare
 
             try:
                 prepare("vllm", progress=lambda line: say(f"setup: {line}"))

@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="re-send every fail- or warn-class request alone (k hits, k cold) before finishing")
     run.add_argument("--verbose", action="store_true",
                      help="also print info-level findings and a launched server's output")
+    run.add_argument("--seed", type=int, metavar="N",
+                     help="the scenario's seed (memo text, codes, the mix phase's draws): the same seed replays "
+                          "the same sequence of draws")
     run.add_argument("--power", metavar="RATE",
                      help="a per-hit fault rate the run must rule out, e.g. 1%% or 0.01 (overrides the scenario's "
                           "[power] fault_rate): rotation keeps going until enough hits were checked, or its "
@@ -197,6 +200,8 @@ def _run_inputs(args):
     if args.power is not None:
         scenario = dataclasses.replace(scenario, power=dataclasses.replace(scenario.power,
                                                                           fault_rate=parse_rate(args.power)))
+    if args.seed is not None:
+        scenario = dataclasses.replace(scenario, seed=args.seed)
     plan = None
     if args.profile:
         from .embedded import placeholders

@@ -107,9 +107,9 @@ def first_top5_diff(a: Answer, b: Answer) -> float | None:
 
 async def memo_prompts(tokens: int, url: str | None = None, count: int = 2) -> list[tuple[str, str]]:
     """(recall prompt, code) for `count` memos of about `tokens` tokens (hitproof's own memos)."""
-    from ..core.evidence import recall_suffix
-    from ..core.memos import build_memo
-    from ..core.tokens import TokenCounter
+    from ..core.evidence.text import recall_suffix
+    from ..core.evidence.memos import build_memo
+    from ..core.evidence.tokens import TokenCounter
 
     counter = TokenCounter(_server_counter(url) if url else None)
     out = []

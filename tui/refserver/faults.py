@@ -31,6 +31,9 @@ project notes; see README.md for the table):
 ``evict_stale``    a block that was evicted and is stored again (re-admitted) restores, on a
                    later hit, the stale state of another memo evicted before it, at the same
                    position: "garbled output only under load", "serving another request's KV".
+``partial_concurrent`` only a short partial-prefix hit (at most half its prompt reused) admitted while
+                   another request is served restores another sequence's blocks: what fixed scripts
+                   (whole repeats, one shared memo) never exercise, and the mix phase does.
 ``slow_hits``, ``unaligned_report``, ``counter_drift``: the restore is right, the bookkeeping
                    is not: a hit that saves no prefill time; cached tokens reported one short of
                    whole blocks; a /metrics counter that adds each hit twice.
@@ -52,8 +55,8 @@ from .cache import BlockState, PrefixCache
 from .tokenizer import EOS, ZERO, Token, is_word, token_for
 
 FAULTS = ("none", "zero_state", "foreign_state", "repeat_token", "empty_turn", "wording_drift",
-          "mixed_state", "slow_hits", "unaligned_report", "counter_drift", "salt_ignored", "adapter_ignored",
-          "evict_stale")
+          "mixed_state", "slow_hits", "unaligned_report", "counter_drift", "partial_concurrent", "salt_ignored",
+          "adapter_ignored", "evict_stale")
 
 
 @dataclass
@@ -66,6 +69,7 @@ class Restore:
     hit_number: int  # 1-based count of hits in the server's life, this one included
     cache: PrefixCache
     hashes: tuple[bytes, ...] = ()   # the hashes of `blocks`
+    running: int = 0  # other requests being served when this one was admitted
 
     @property
     def cached_tokens(self) -> int:
@@ -142,6 +146,31 @@ class EvictStale(Fault):
         tokens = [t for b in best for t in b.tokens]
         cut = min(_question_start(tokens), _question_start(good))
         return tokens[:cut] + good[cut:]
+
+
+class PartialConcurrent(Fault):
+    """Only a short partial-prefix hit (at most half the prompt reused) admitted while another request
+    is being served goes wrong: its cached part is restored from another stored sequence (different
+    tokens), as a block table read from the wrong row would. Full hits, long partial hits and hits
+    alone are right, so scripted phases (whole repeats, one memo shared by every stream) never see it."""
+    name = "partial_concurrent"
+
+    def restore(self, r: Restore) -> list[Token]:
+        good = r.correct()
+        if r.running < 1 or 2 * r.cached_tokens > len(r.prompt):
+            return good
+        k = len(r.blocks)
+        own = [t.id for t in good]
+        for request_id, chain in reversed(list(r.cache.sequences())):
+            if request_id == r.request_id or len(chain) < k:
+                continue
+            states = [r.cache.peek(h) for h in chain[:k]]
+            if any(st is None for st in states):
+                continue
+            tokens = [t for st in states for t in st.tokens]
+            if [t.id for t in tokens] != own:
+                return tokens
+        return good
 
 
 class MixedState(Fault):
@@ -319,6 +348,8 @@ def make_fault(name: str, seed: int = 0, drift_min_tokens: int = 1000) -> Fault:
         return WordingDrift(seed, drift_min_tokens)
     if name == "mixed_state":
         return MixedState(seed)
+    if name == "partial_concurrent":
+        return PartialConcurrent()
     if name == "slow_hits":
         return SlowHits()
     if name == "unaligned_report":

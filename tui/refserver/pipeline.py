@@ -84,7 +84,7 @@ class Pipeline:
         if blocks:
             self.hit_requests += 1
             restored = self.fault.restore(Restore(blocks, prompt, request_id, self.hit_requests, self.cache,
-                                                  tuple(hashes[:len(blocks)])))
+                                                  tuple(hashes[:len(blocks)]), running=self.running))
         state = restored + prompt[cached:]
         jitter = self.fault.jitter(len(prompt))
         computed_by = [b.adapter for b in blocks] + [adapter]

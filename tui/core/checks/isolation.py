@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ISOLATABLE = frozenset({"any", "foreign_code", "foreign_state", "recall_miss", "empty_answer", "repetition",
+                        "hit_path_divergence",
                         "wrong_task", "cache_path_divergence", "fingerprint_mismatch"})
 # Why a kind is not isolated: re-sending one request alone cannot tell anything about it.
 NOT_ISOLATED = {

@@ -19,6 +19,7 @@ PHASE_NAMES = (
     "determinism",
     "control",
     "agent_replay",
+    "mix",
     "partition",
     "eviction",
 )
@@ -113,6 +114,19 @@ class AgentReplay:
 
 
 @dataclass(frozen=True)
+class Mix:
+    """The phase that searches instead of replaying: seeded random traffic over a pool of memos."""
+    workers: int = 4                 # concurrent requests
+    memos: int = 6                   # the pool, more than a server's slots
+    turns: int = 3                   # turns per memo's conversation (each appends to the one before)
+    memo_tokens: int = 600
+    turn_tokens: int = 140           # appended per turn (at least one alignment block)
+    requests: int = 200              # draws, bounded
+    partial_rate: float = 0.15       # share of draws that share only the memo's first part (a short prefix)
+    reproduce: int = 5               # re-sends each way (hits, cold) before a deviation is the cache's
+
+
+@dataclass(frozen=True)
 class Partition:
     """The paired assertion: the same tokens under two identities (cache_salt, LoRA adapter) must not
     share cached blocks, and a repeat under the same identity must hit."""
@@ -173,6 +187,7 @@ class Scenario:
     determinism: Determinism = field(default_factory=Determinism)
     control: Control = field(default_factory=Control)
     agent_replay: AgentReplay = field(default_factory=AgentReplay)
+    mix: Mix = field(default_factory=Mix)
     partition: Partition = field(default_factory=Partition)
     eviction: Eviction = field(default_factory=Eviction)
     isolation: Isolation = field(default_factory=Isolation)
@@ -205,6 +220,7 @@ _SECTIONS: dict[str, type] = {
     "phases.determinism": Determinism,
     "phases.control": Control,
     "phases.agent_replay": AgentReplay,
+    "phases.mix": Mix,
     "phases.partition": Partition,
     "phases.eviction": Eviction,
 }
@@ -216,8 +232,8 @@ _MINIMUMS = {
     "fingerprint_tokens": 1, "fingerprint_top_k": 1, "fingerprint_tolerance": 0.0, "fingerprint_margin": 0.0,
     "tools": 1, "growth_tokens": 8, "integrity_every": 1, "acceptance_collapse": 1.0,
     "block_size": 0, "suffix_tokens": 1, "logprobs": 0, "logprob_tolerance": 0.0, "length_step_tokens": 0, "request_timeout": 1,
-    "fault_rate": 0.0, "budget_s": 1.0, "orders": 1, "capacity_tokens": 0, "pool_factor": 1.0,
-    "min_memos": 2, "max_memos": 2, "cycles": 1,
+    "fault_rate": 0.0, "budget_s": 1.0, "workers": 1, "memos": 2, "partial_rate": 0.0, "reproduce": 1,
+    "orders": 1, "capacity_tokens": 0, "pool_factor": 1.0, "min_memos": 2, "max_memos": 2, "cycles": 1,
 }
 
 
@@ -325,6 +341,10 @@ def _check_relations(s: Scenario, text: str, source: str) -> None:
         raise _fail(text, source, "sampling", "temperature", "must be >= 0")
     if not s.rotation.tasks or any(t not in ("recall", "summary") for t in s.rotation.tasks):
         raise _fail(text, source, "phases.rotation", "tasks", 'must list "recall" and/or "summary"')
+    if s.mix.partial_rate > 1.0:
+        raise _fail(text, source, "phases.mix", "partial_rate", "must be between 0 and 1")
+    if s.mix.workers > 256:
+        raise _fail(text, source, "phases.mix", "workers", "at most 256 concurrent workers")
     if not 0.0 <= s.power.fault_rate < 1.0:
         raise _fail(text, source, "power", "fault_rate", "must be at least 0 and below 1 (0.01 is 1 fault in 100 hits)")
     if not 0.0 < s.power.confidence < 1.0:

@@ -35,8 +35,8 @@ class Judge:
         """Judge a main-arm request: foreign codes at once; hit-path problems against a cold control."""
         single_groups = self._foreign_codes(state, record)
         self._expectations(state, record, expect)
-        if fingerprints and self.rq.scenario.evidence.fingerprints and record.memo is not None:
-            await self._judge_fingerprint(state, record)
+        if control and fingerprints and self.rq.scenario.evidence.fingerprints and record.memo is not None:
+            await self._judge_fingerprint(state, record)      # (a phase with its own control judges these too)
         problems = hit_path_problems(record.checks)
         if not (problems or single_groups) or not control:
             for foreign in single_groups:         # no control to judge it by: a warning

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol
 
 import orjson
@@ -65,6 +65,8 @@ class Record:
     checks: dict[str, Any]
     proof: CacheProof = UNKNOWN          # what is known of its cached tokens, and how
     cold_tolerance: int = 0              # tokens it may reuse and still be cold (before the nonce)
+    findings: list[tuple[str, str]] = field(default_factory=list)   # (kind, severity) judged on it
+    concurrent: int = 0                  # other requests streaming when this one was sent
 
     @property
     def text(self) -> str:

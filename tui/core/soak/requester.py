@@ -58,6 +58,7 @@ class Requester:
                                        server.cached_queries or None)
                         if server.cached_report == "counter" and server.cached_counter else None)
         self._tolerances: dict[tuple[str, str], int] = {}
+        self.in_flight = 0                 # requests streaming right now (any arm)
         # A prompt with no run nonce (a user's captured conversation): a cache that matches token by
         # token (llama.cpp, SGLang) still shares a template's first tokens with whatever it held.
         self.fallback_tolerance = 8 if server.dialect in ("llamacpp", "sglang") else 0
@@ -165,8 +166,8 @@ class Requester:
                    slot: int | None = None, round: int | None = None, turn: int | None = None,
                    expect: str = "any", arm: str = "main", of_request: int | None = None,
                    judges: Iterable[str] = ALL_JUDGES, control: bool = True, fingerprints: bool = True) -> Record:
-        """Send, check, judge. `control=False`: the phase runs its own control arm and judges
-        hit-path problems itself (foreign codes, wrong tasks and cold checks are still judged here).
+        """Send, check, judge. `control=False`: the phase runs its own control arm and judges hit-path
+        problems and fingerprints itself (foreign codes, wrong tasks and cold checks are still judged here).
         `fingerprints=False`: the phase compares log-probabilities itself (the partition phase, whose
         references are per identity)."""
         if arm != "isolation":               # isolation re-runs go alone while the soak waits
@@ -185,6 +186,8 @@ class Requester:
         tolerance = await self.cold_tolerance(spec)
         sent_at = time.monotonic()
         window = await self.windows.enter() if self.windows is not None else None
+        others = self.in_flight
+        self.in_flight += 1
         try:
             completion = await self.ctx.client.stream(spec, on_text)
         except ServerProblem as exc:                 # one line naming the request: "request 12 (rotation): ..."
@@ -195,6 +198,8 @@ class Requester:
             if window is not None:
                 self.windows.abandon(window)
             raise
+        finally:
+            self.in_flight -= 1
         if completion.cached_tokens is not None:
             proof = CacheProof.reported(completion.cached_tokens)
             if window is not None:
@@ -228,7 +233,8 @@ class Requester:
                              logprobs=completion.logprobs, cached_source=proof.source,
                              cached_min=proof.low if proof.source != "unknown" else None,
                              cached_max=proof.high, cold_tolerance=tolerance))
-        record = Record(index, state.name, task, spec, memo, slot, round, turn, completion, found, proof, tolerance)
+        record = Record(index, state.name, task, spec, memo, slot, round, turn, completion, found, proof, tolerance,
+                        concurrent=others)
         state.note(record, arm)
         self._remember(record)
         if arm == "main":
@@ -250,8 +256,10 @@ class Requester:
                 offset: int | None = None, detail: str = "", **evidence: Any) -> None:
         """Emit a finding (the engine counts it in the running phase); a flagged request's record is
         kept for the whole run, for isolation."""
-        if record is not None and severity in ("fail", "warn"):
-            self._flagged[record.request] = record
+        if record is not None:
+            record.findings.append((kind, severity))
+            if severity in ("fail", "warn"):
+                self._flagged[record.request] = record
         self.emit(Finding(
             kind=kind, severity=severity, phase=state.name,
             slot=record.slot if record else None, round=record.round if record else None,

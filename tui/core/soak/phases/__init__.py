@@ -1,7 +1,7 @@
 """One module per phase. Each has TITLE, plan(scenario) -> dict, and async run(requester, state)."""
 
-from . import (agent_replay, cold_hit, control, conversation, determinism, eviction, long_prompt, partition, rotation,
-               shared_concurrency)
+from . import (agent_replay, cold_hit, control, conversation, determinism, eviction, long_prompt, mix, partition,
+               rotation, shared_concurrency)
 
 PHASES = {
     "cold_hit": cold_hit,
@@ -12,6 +12,7 @@ PHASES = {
     "determinism": determinism,
     "control": control,
     "agent_replay": agent_replay,
+    "mix": mix,
     "partition": partition,
     "eviction": eviction,
 }

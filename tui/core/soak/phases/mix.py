@@ -1,0 +1,266 @@
+"""Phase 9: seeded random traffic that searches for what fixed scripts miss.
+
+K workers draw, from a seeded RNG, a memo out of a pool of M (more than the server's slots) and
+either a turn of its conversation (turn t appends to turn t-1, so later turns share a long prefix
+with earlier ones) or, now and then, a prompt that shares only the memo's first part (through its
+code sentence) with the others: a short partial prefix. Before the mix, every (memo, turn) prompt
+is answered once cold under a fresh salt: the clean reference. Every later hit is compared with its
+reference: its own code where the model recalled it cold, greedy tokens and log-probabilities
+everywhere (the near-tie rule applies). A deviation is re-sent `reproduce` times as a hit and as
+many times cold: wrong on every hit and never cold is `hit_path_divergence` (fail); anything else is
+info, with its counts. Foreign codes are judged as everywhere (a leak, no control needed).
+
+The draw order comes from the seed alone (`--seed N` replays it); each finding carries the draw,
+the seed and the requests before it that wrote the prefix it hit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+
+from ...checks import detectors as checks
+from ...checks.answers import ALL_JUDGES, hit_path_problems
+from ...checks.fingerprints import Fingerprint
+from ...log.events import FingerprintCompared
+from ..record import concurrently, prompt_key
+
+TITLE = "mix"
+BUCKETS = ("first", "short_partial", "long_partial", "full")
+KEEP_SEQUENCE = 6             # earlier same-memo requests a finding lists
+
+
+@dataclass(frozen=True)
+class Draw:
+    index: int
+    memo: int                 # index in the pool
+    kind: str                 # "turn" | "header"
+    turn: int                 # for "turn": which turn; for "header": the variant number
+
+
+def plan(scenario) -> dict:
+    m = scenario.mix
+    refs = m.memos * m.turns
+    return {"slots": m.workers, "rounds": 1, "planned_requests": refs + m.requests}
+
+
+def draws(seed: int, mix) -> list[Draw]:
+    """The whole sequence, from the seed alone (reproducible; the log keeps it)."""
+    rng = random.Random(f"mix:{seed}")
+    out, variants = [], {}
+    for index in range(mix.requests):
+        memo = rng.randrange(mix.memos)
+        if rng.random() < mix.partial_rate:
+            variants[memo] = variants.get(memo, 0) + 1
+            out.append(Draw(index, memo, "header", variants[memo]))
+        else:
+            out.append(Draw(index, memo, "turn", rng.randrange(mix.turns)))
+    return out
+
+
+@dataclass
+class Coverage:
+    """What the search covered: hits and deviations by bucket, worker and concurrency."""
+    buckets: dict = field(default_factory=lambda: {b: {"requests": 0, "hits": 0, "deviations": 0} for b in BUCKETS})
+    by_worker: dict = field(default_factory=dict)
+    by_concurrency: dict = field(default_factory=dict)
+    near_ties: int = 0
+
+    def count(self, bucket: str, worker: int, concurrency: int, hit: bool, deviated: bool) -> None:
+        for table, key in ((self.buckets, bucket), (self.by_worker, str(worker)),
+                           (self.by_concurrency, _level(concurrency))):
+            row = table.setdefault(key, {"requests": 0, "hits": 0, "deviations": 0})
+            row["requests"] += 1
+            row["hits"] += hit
+            row["deviations"] += deviated
+
+    def as_dict(self) -> dict:
+        return {"buckets": self.buckets, "by_worker": self.by_worker, "by_concurrency": self.by_concurrency,
+                "near_ties": self.near_ties}
+
+
+def _level(others: int) -> str:
+    return "alone" if others == 0 else (str(others + 1) if others < 3 else "4+")
+
+
+async def run(rq, state) -> None:
+    s = rq.scenario
+    m = s.mix
+    memos = [await rq.memo(state, tokens=m.memo_tokens, tag=f"mix{i}") for i in range(m.memos)]
+    turn_tokens = max(m.turn_tokens, rq.server.grid + 16)
+    notes = [[await rq.filler(f"mix-{memo.memo_id}-{t}", turn_tokens) for t in range(1, m.turns)] for memo in memos]
+    sequence = draws(s.seed, m)
+    state.extra["seed"] = s.seed
+    state.extra["draws"] = [[d.memo, d.kind, d.turn] for d in sequence]
+
+    bodies = {(d.memo, d.turn): await rq.filler(f"mix-{memos[d.memo].memo_id}-h{d.turn}",
+                                                _body_tokens(rq, memos[d.memo]))
+              for d in sequence if d.kind == "header"}
+
+    def context(d: Draw) -> str:
+        memo = memos[d.memo]
+        if d.kind == "turn":
+            return memo.text + "".join(f"\n\nNote {i + 1}. {notes[d.memo][i]}" for i in range(d.turn))
+        return _first_part(memo) + f"\n\nAddendum {d.turn}. {bodies[(d.memo, d.turn)]}"
+
+    refs = await references(rq, state, memos, m.turns, context)
+    search = Search(rq, state, memos, refs, context, m)
+    queue = iter(sequence)
+
+    async def worker(slot: int) -> None:
+        for d in queue:
+            await search.one(slot, d)
+
+    await concurrently(*(worker(slot) for slot in range(m.workers)))
+    state.extra["coverage"] = search.coverage.as_dict()
+
+
+def _first_part(memo) -> str:
+    """The memo through its code sentence (its first half when it has no code): what a header draw
+    shares with the memo's other prompts."""
+    text = memo.text
+    if memo.code_offset is not None:
+        end = text.find(".", memo.code_offset + len(memo.code))
+        end = text.find(".", end + 1) if end >= 0 else -1       # "... is CODE. Keep it verbatim."
+        return text[:end + 1] if end > 0 else text[:len(text) // 2]
+    return text[:len(text) // 2]
+
+
+def _body_tokens(rq, memo) -> int:
+    """A header draw's own text: at least as long as the shared part, so the shared prefix is at most
+    half the prompt (a short partial prefix)."""
+    return max(rq.server.grid + 16, memo.tokens // 2 + 16)
+
+
+async def references(rq, state, memos, turns: int, context) -> dict[str, object]:
+    """Every (memo, turn) prompt once cold, under a fresh salt: the clean reference (prompt key -> record)."""
+    refs = {}
+    for i, memo in enumerate(memos):
+        for t in range(turns):
+            spec = rq.question(context(Draw(-1, i, "turn", t)), "recall", salt=rq.fresh_salt())
+            record = await rq.send(state, spec, task="recall", memo=memo, turn=t, expect="cold", arm="control")
+            refs[prompt_key(spec)] = record
+            _book(rq, record)
+    return refs
+
+
+def _book(rq, ref) -> None:
+    if ref.completion.logprobs:
+        rq.fingerprints.add(prompt_key(ref.spec), Fingerprint(ref.memo.memo_id, ref.task, ref.request,
+                                                              ref.completion.logprobs))
+
+
+class Search:
+    def __init__(self, rq, state, memos, refs, context, mix):
+        self.rq, self.state, self.memos, self.refs, self.context, self.mix = rq, state, memos, refs, context, mix
+        self.coverage = Coverage()
+        self.sent: dict[str, int] = {}                    # prompt key -> first request that sent it unsalted
+        self.by_memo: dict[int, list[tuple[int, Draw]]] = {}
+
+    def bucket(self, d: Draw, key: str) -> str:
+        if key in self.sent:
+            return "full"
+        if d.memo not in self.by_memo:
+            return "first"
+        return "short_partial" if d.kind == "header" else "long_partial"
+
+    async def one(self, slot: int, d: Draw) -> None:
+        rq, memo = self.rq, self.memos[d.memo]
+        spec = rq.question(self.context(d), "recall")
+        key = prompt_key(spec)
+        bucket = self.bucket(d, key)
+        earlier = self.by_memo.setdefault(d.memo, [])
+        ref = self.refs.get(key)
+        recallable = ref is None or bool(ref.checks.get("recall", {}).get("status") == "exact")
+        judges = ALL_JUDGES if recallable else tuple(j for j in ALL_JUDGES if j != "recall")
+        record = await rq.send(self.state, spec, task="recall", memo=memo, slot=slot, round=d.index,
+                               turn=d.turn, expect="any", judges=judges, control=False)
+        others = record.concurrent
+        self.sent.setdefault(key, record.request)
+        sequence = [{"request": r, "draw": e.index, "kind": e.kind, "turn": e.turn} for r, e in earlier[-KEEP_SEQUENCE:]]
+        earlier.append((record.request, d))
+        deviated = False
+        if record.hit:
+            if ref is None:                        # a header draw: its reference only now, when it hit
+                ref = await self._reference_for(record, memo)
+            reasons = self._deviation(record, ref) if ref is not None else []
+            if reasons:
+                deviated = True
+                await self._reproduce(record, ref, reasons, d, bucket, others, sequence)
+        self.coverage.count(bucket, slot, others, record.hit, deviated)
+
+    async def _reference_for(self, record, memo):
+        rq = self.rq
+        spec = dataclass_replace_salt(record.spec, rq.fresh_salt())
+        ref = await rq.send(self.state, spec, task="recall", memo=memo, slot=record.slot, round=record.round,
+                            turn=record.turn, expect="cold", arm="control", of_request=record.request)
+        if not ref.cold:
+            return None
+        self.refs[prompt_key(record.spec)] = ref
+        _book(self.rq, ref)
+        return ref
+
+    def _deviation(self, run, ref, emit: bool = True) -> list[str]:
+        """How this answer differs from its clean reference (empty when it does not)."""
+        reasons = []
+        if ref.checks.get("recall", {}).get("status") == "exact" and run.checks.get("recall", {}).get("status") != "exact":
+            reasons.append("recall")
+        ref_problems = {k for k, _, _ in hit_path_problems(ref.checks)}
+        reasons += [k for k, _, _ in hit_path_problems(run.checks) if k not in ref_problems and k != "recall_miss"]
+        if ref.completion.logprobs and run.completion.logprobs:
+            own = Fingerprint(ref.memo.memo_id, ref.task, ref.request, ref.completion.logprobs)
+            mine, _, verdict, owner = self.rq.fingerprints.compare(run.completion.logprobs, own)
+            if emit:
+                self.rq.emit(FingerprintCompared(request=run.request, own_request=ref.request, verdict=verdict,
+                                                 agreeing=mine.agreeing, distance=mine.distance, closest=owner))
+            if verdict != "match":
+                flip = checks.compare_logprobs(ref.completion.logprobs, run.completion.logprobs)
+                if flip.token is not None and flip.near_tie(self.rq.scenario.evidence.fingerprint_tolerance):
+                    self.coverage.near_ties += emit
+                else:
+                    reasons.append(f"fingerprint ({verdict})")
+        return reasons
+
+    def _same(self, a, b) -> bool:
+        """The same answer: identical text, and (with log-probabilities) the same fingerprint."""
+        if a.text != b.text:
+            return False
+        if a.completion.logprobs and b.completion.logprobs:
+            tolerance = self.rq.scenario.evidence.fingerprint_tolerance
+            return self.rq.fingerprints.match(a.completion.logprobs, b.completion.logprobs).matches(tolerance)
+        return True
+
+    async def _reproduce(self, record, ref, reasons, d: Draw, bucket: str, others: int, sequence: list) -> None:
+        rq, k = self.rq, self.mix.reproduce
+        hits = cold = 0
+        # The cache's doing only if the cold path is stable and the hit path is not: every cold re-send
+        # gives the reference again and every re-sent hit deviates from it (a full hit may deviate
+        # otherwise than the partial one did). A kernel that varies on its own (ties, sparse-attention
+        # selection) does not give the reference k times in a row: with the reference server's drift,
+        # (2/9)^k a deviation, 1 in 2,000 at k = 5.
+        for _ in range(k):
+            again = await rq.send(self.state, record.spec, task="recall", memo=record.memo, slot=record.slot,
+                                  round=record.round, turn=record.turn, expect="hit", arm="control",
+                                  of_request=record.request)
+            hits += bool(again.hit and self._deviation(again, ref, emit=False))
+        for _ in range(k):
+            again = await rq.send(self.state, dataclass_replace_salt(record.spec, rq.fresh_salt()), task="recall",
+                                  memo=record.memo, slot=record.slot, round=record.round, turn=record.turn,
+                                  expect="cold", arm="control", of_request=record.request)
+            cold += bool(not self._same(again, ref))
+        fail = hits == k and cold == 0
+        what = ", ".join(reasons)
+        detail = (f"draw {d.index} (seed {rq.scenario.seed}): a {bucket.replace('_', ' ')} hit ({record.proof.low} "
+                  f"cached tokens, {others + 1} in flight) differs from its clean reference (request {ref.request}): "
+                  f"{what}; deviating again on {hits}/{k} hits, differing cold on {cold}/{k} re-sends: "
+                  + ("the hit path" if fail else "not reproducible, not attributable to the cache"))
+        rq.finding(self.state, "hit_path_divergence", "fail" if fail else "info", record, detail=detail,
+                   draw=d.index, seed=rq.scenario.seed, bucket=bucket, cached_tokens=record.proof.low,
+                   in_flight=others + 1, reference_request=ref.request, reasons=reasons, hit_reproduced=hits,
+                   cold_reproduced=cold, k=k, sequence=sequence + [{"request": record.request, "draw": d.index,
+                                                                     "kind": d.kind, "turn": d.turn}])
+
+
+def dataclass_replace_salt(spec, salt: str):
+    return dataclasses.replace(spec, salt=salt)

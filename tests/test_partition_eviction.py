@@ -199,13 +199,16 @@ def test_vllm_models_with_a_parent_are_adapters():
 def test_llamacpp_adapters_name_every_id_and_base_is_all_zero():
     listed = [{"id": 1, "path": "/x/lora-b.gguf", "scale": 0.0}, {"id": 0, "path": "/x/lora-a.gguf", "scale": 0.0}]
     adapters = adapters_from_llamacpp(listed)
-    assert [a["name"] for a in adapters] == ["lora-a", "lora-b"]
+    assert [(a["name"], a["file"]) for a in adapters] == [("a", "lora-a"), ("b", "lora-b")]   # what tells them apart
     assert adapters[1]["extra"] == {"lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 1.0}]}
     base, a, _ = identities(adapters, "gemma", "llamacpp")
     assert base.extra == {"lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]}
     unnamed = identities(adapters, "gemma", "llamacpp", selection="default")[0]
     assert unnamed.extra == {} and unnamed.unnamed and "no adapter field" in unnamed.describe()
-    assert label_of("", a.extra, "gemma", adapters) == "lora-a"
+    assert label_of("", a.extra, "gemma", adapters) == "a"
+    assert [i.name for i in identities(adapters, "gemma", "llamacpp", wanted=("lora-b",))] == [BASE, "b"]
+    assert [a["name"] for a in adapters_from_llamacpp([{"id": 0, "path": "/m/x-base.gguf"},
+                                                       {"id": 1, "path": "/m/x-y.gguf"}])] == ["x-base", "x-y"]
     assert label_of("", base.extra, "gemma", adapters) == BASE
     assert adapters_from_llamacpp({"error": "x"}) == [] and adapters_from_llamacpp(None) == []
     with pytest.raises(KeyError):

@@ -13,6 +13,7 @@ extra body fields (tui.core.server.wire.RequestSpec.extra).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
@@ -45,19 +46,36 @@ def adapters_from_models(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def adapters_from_llamacpp(listed: Any) -> list[dict[str, Any]]:
-    """llama.cpp's GET /lora-adapters: every id, named by its file (without .gguf)."""
+    """llama.cpp's GET /lora-adapters: every id, named by its file (without .gguf) less what every
+    file name shares ("gemma3-270m-lora-a-f32", "...-b-f32": "a", "b"; `file` keeps the whole stem)."""
     if not isinstance(listed, list):
         return []
-    entries = [e for e in listed if isinstance(e, dict) and isinstance(e.get("id"), int)]
-    ids = sorted(e["id"] for e in entries)
+    entries = sorted((e for e in listed if isinstance(e, dict) and isinstance(e.get("id"), int)),
+                     key=lambda e: e["id"])
+    ids = [e["id"] for e in entries]
+    stems = [PurePath(str(e.get("path"))).stem if e.get("path") else f"lora{e['id']}" for e in entries]
+    names = _distinct_parts(stems)
     out = []
-    for e in sorted(entries, key=lambda e: e["id"]):
-        path = str(e.get("path") or "")
-        name = PurePath(path).stem if path else f"lora{e['id']}"
+    for e, stem, name in zip(entries, stems, names):
         lora = [{"id": i, "scale": 1.0 if i == e["id"] else 0.0} for i in ids]
-        out.append({"name": name, "id": e["id"], "model": "", "extra": {"lora": lora},
+        out.append({"name": name, "file": stem, "id": e["id"], "model": "", "extra": {"lora": lora},
                     "default_scale": e.get("scale")})
     return out
+
+
+def _distinct_parts(stems: list[str]) -> list[str]:
+    """The stems less their common prefix and suffix (cut at a separator), when what is left is
+    non-empty and still tells them apart; else the stems."""
+    if len(stems) < 2 or len(set(stems)) != len(stems):
+        return stems
+    prefix = os.path.commonprefix(stems)
+    suffix = os.path.commonprefix([s[::-1] for s in stems])[::-1]
+    cut = max((prefix.rfind(c) for c in "-_. "), default=-1) + 1
+    tail = min((i for i in (suffix.find(c) for c in "-_. ") if i >= 0), default=len(suffix))
+    names = [s[cut:len(s) - (len(suffix) - tail)] for s in stems]
+    if all(names) and len(set(names)) == len(names) and names[0] != BASE and BASE not in names:
+        return names
+    return stems
 
 
 def identities(adapters: list[dict[str, Any]], base_model: str, dialect: str, *, wanted: tuple[str, ...] = (),
@@ -67,7 +85,7 @@ def identities(adapters: list[dict[str, Any]], base_model: str, dialect: str, *,
     chosen: list[dict[str, Any]] = []
     if wanted:
         for name in wanted:
-            match = next((a for a in adapters if a["name"] == name or str(a.get("id")) == name), None)
+            match = next((a for a in adapters if name in (a["name"], a.get("file"), str(a.get("id")))), None)
             if match is None:
                 raise KeyError(name)
             chosen.append(match)

@@ -210,8 +210,10 @@ class PairBook:
                                    f"({flip.margin:.4f} nats behind on its cold run): numerics, not another state",
                             **base)
             return
-        colds = [await cold_ref(s.identity) for _ in range(REPRODUCE)]
+        # the same path first: a cold run in between may overwrite the state it resumes from
+        # (llama.cpp's `cache_prompt: false` recomputes the slot it lands on)
         reruns = [await s.rerun() for _ in range(REPRODUCE)] if s.rerun is not None else []
+        colds = [await cold_ref(s.identity) for _ in range(REPRODUCE)]
         cold_same = sum(bool(c.completion.logprobs) and fp.match(c.completion.logprobs,
                                                                  own.completion.logprobs).matches(tolerance)
                         for c in colds)

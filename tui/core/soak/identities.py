@@ -69,7 +69,7 @@ class Sent:
     """One main-arm request of the phase, for the fingerprint judgement once the references exist."""
     identity: Identity
     record: Record
-    step: str                               # "first" | "repeat" | "return" | "concurrent" | "concurrent_cold"
+    step: str          # "first" | "repeat" | "return" | "concurrent" | "revisit" | "concurrent_cold"
     group: tuple[str, ...] = ()             # identities sent at the same moment (concurrent steps)
     rerun: Callable[[], Awaitable[Record]] | None = None   # the same path once more (alone, or its group)
 
@@ -134,7 +134,9 @@ class PairBook:
     # --- answers against each identity's own cold fingerprint ----------------------------------
 
     async def judge_answers(self, refs: dict[str, Record], sent: list[Sent],
-                            cold_ref: Callable[[Identity], Awaitable[Record]]) -> None:
+                            cold_ref: Callable[[Identity], Awaitable[Record]], compare_refs: bool = True) -> None:
+        """Each answer against its identity's reference and the others'; `compare_refs`: also say
+        (once per memo) whether the references can be told apart."""
         e = self.rq.scenario.evidence
         fp = self.rq.fingerprints
         usable = {n: r for n, r in refs.items() if r.cold and r.completion.logprobs}
@@ -145,6 +147,10 @@ class PairBook:
                 m = fp.match(usable[a].completion.logprobs, usable[b].completion.logprobs)
                 distinct = not (m.same_tokens and m.distance <= e.fingerprint_tolerance + e.fingerprint_margin)
                 tally = self.pairs.get(frozenset((a, b)))
+                if not compare_refs:
+                    if not distinct:
+                        alike.add(frozenset((a, b)))
+                    continue
                 if tally is not None and tally.fingerprints != "indistinct":
                     tally.fingerprints = "distinct" if distinct else "indistinct"
                 if not distinct:

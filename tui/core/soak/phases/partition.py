@@ -10,7 +10,9 @@
   reuse of what the others computed; repeat: must hit), then back to the first identity, then every
   identity at once. Each identity's own cold fingerprint of the memo is taken last (solo, under a
   fresh salt / `cache_prompt: false`), and every answer is compared with it and with the others'
-  (tui.core.soak.identities). Once per phase, every identity at once on a memo nobody computed.
+  (tui.core.soak.identities). Then every memo again under each identity, alone (a state saved
+  elsewhere and brought back must be the asker's), and once per phase every identity at once on
+  a memo nobody computed.
 
 `partition_leak` (fail) and `partition_no_reuse` (warn); the report lists each pair tried.
 """
@@ -31,9 +33,9 @@ GUESS_IDENTITIES = 3          # for the plan, before the server is asked: base, 
 def plan(scenario) -> dict:
     p = scenario.partition
     n = GUESS_IDENTITIES
-    per_order = 2 * n + 1 + (n if p.concurrent else 0) + n
-    planned = (4 + (2 if p.concurrent else 0)) * p.salts + p.lora * (p.orders * per_order + (2 * n if p.concurrent else 0))
-    return {"slots": n if p.concurrent else 1, "rounds": p.orders, "planned_requests": planned}
+    per_order = 2 * n + 1 + (n if p.concurrent else 0) + n + n      # ... + references + the revisit
+    planned = (4 + (3 if p.concurrent else 0)) * p.salts + p.lora * (p.orders * per_order + (2 * n if p.concurrent else 0))
+    return {"slots": n if p.concurrent else 1, "rounds": p.orders + 1 + bool(p.concurrent), "planned_requests": planned}
 
 
 async def run(rq, state) -> None:
@@ -135,6 +137,7 @@ async def adapter_pairs(rq, state, who: list[Identity]) -> list[dict]:
             return again
         return send, cold_ref, alone, in_group
 
+    history: list[tuple] = []                 # (memo, specs, references) of each order, for the revisit
     for k in range(p.orders):
         order = who[k % len(who):] + who[:k % len(who)]
         memo = await rq.memo(state, tokens=p.memo_tokens, tag=f"part{k}")
@@ -157,9 +160,25 @@ async def adapter_pairs(rq, state, who: list[Identity]) -> list[dict]:
             sent += [Sent(i, r, "concurrent", names, rerun=in_group(i)) for i, r in zip(who, group)]
         refs = {i.name: await cold_ref(i) for i in who}
         await book.judge_answers(refs, sent, cold_ref)
+        history.append((memo, specs, refs))
+    await _revisit(rq, state, book, who, sender, history)
     if p.concurrent:
         await _all_at_once_cold(rq, state, book, who, sender)
     return book.conclude()
+
+
+async def _revisit(rq, state, book: PairBook, who: list[Identity], sender, history: list) -> None:
+    """Every memo again, once under each identity (alone, in an order turned by one per memo), after
+    other prompts have taken the slots: a state kept or saved elsewhere (llama.cpp's RAM prompt cache)
+    and brought back must be the asking identity's. Each identity computed each memo already, so a
+    hit proves nothing either way here: the answers are judged against the memo's references."""
+    p = rq.scenario.partition
+    rq.round(state, p.orders, p.orders + 1, {str(n): f"{m.memo_id} again" for n, (m, _, _) in enumerate(history)})
+    for k, (memo, specs, refs) in enumerate(history):
+        send, cold_ref, alone, _ = sender(memo, specs, p.orders)
+        order = who[(k + 1) % len(who):] + who[:(k + 1) % len(who)]
+        sent = [Sent(i, await send(i), "revisit", rerun=alone(i)) for i in order]
+        await book.judge_answers(refs, sent, cold_ref, compare_refs=False)
 
 
 async def _all_at_once_cold(rq, state, book: PairBook, who: list[Identity], sender) -> None:
@@ -168,8 +187,8 @@ async def _all_at_once_cold(rq, state, book: PairBook, who: list[Identity], send
     p = rq.scenario.partition
     memo = await rq.memo(state, tokens=p.memo_tokens, tag="part-together")
     specs = {i.name: under(_question(rq, memo), i) for i in who}
-    send, cold_ref, _, in_group = sender(memo, specs, p.orders)
-    rq.round(state, p.orders, p.orders + 1, {str(n): f"{memo.memo_id} as {i.name}" for n, i in enumerate(who)})
+    send, cold_ref, _, in_group = sender(memo, specs, p.orders + 1)
+    rq.round(state, p.orders + 1, p.orders + 2, {str(n): f"{memo.memo_id} as {i.name}" for n, i in enumerate(who)})
     group = await concurrently(*(send(i) for i in who))
     names = tuple(i.name for i in who)
     for i, record in zip(who, group):

@@ -3,6 +3,8 @@ eviction phase (a pool larger than the cache), each fault caught with its kind a
 clean server quiet. The real engines are in tests/test_real_partition.py."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -42,8 +44,12 @@ async def test_partition_clean_server_proves_every_pair(tmp_path):
         assert p["status"] == "proven" and p["cross_cold"] >= 1 and p["cross_reused"] == 0, (key, p)
         assert all(v["hits"] == v["repeats"] > 0 for v in p["same_identity"].values()), (key, p)
     assert {p["fingerprints"] for k, p in pairs.items() if k[0] == "lora"} == {"distinct"}
-    # the summary lists each pair tried, within 80 columns
+    # the summary, the markdown and the HTML report list each pair tried
     assert "identity pairs tried" in result.out and "base / a" in result.out
+    for fmt, marker in (("markdown", "| lora | a / b | proven |"), ("html", "<td>a / b</td><td>proven</td>")):
+        page = subprocess.run([sys.executable, "-m", "tui", "report", str(tmp_path / "run.jsonl"), "--format", fmt],
+                              cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        assert marker in page, fmt
 
 
 @pytest.mark.parametrize("fault,field", [("salt_ignored", "cache_salt"), ("adapter_ignored", "lora")])
@@ -116,8 +122,6 @@ async def test_partition_catches_a_proxy_giving_b_the_answer_of_a(tmp_path):
 
 
 def test_bad_base_selection_is_one_line_exit_2(tmp_path):
-    import subprocess
-    import sys
     text = open(PARTITION).read().replace('base_selection = "explicit"', 'base_selection = "maybe"')
     out = subprocess.run([sys.executable, "-m", "tui", "run", "--attach", "http://127.0.0.1:9", "--headless",
                           "--scenario", str(scenario(tmp_path, text))], cwd=ROOT, capture_output=True, text=True)

@@ -184,16 +184,21 @@ class PairBook:
         return f"sent alone ({s.step}), {cached}"
 
     def _via(self, s: Sent) -> str:
-        return "cache" if s.record.hit else ("batch" if s.group else "unknown")
+        """What carried another state in: a hit alone, the cache; nothing reused in a batch of identities,
+        the batch; a hit in such a batch, either (its own identity's blocks, the rest computed batched)."""
+        if s.group:
+            return "cache or batch" if s.record.hit else "batch"
+        return "cache" if s.record.hit else "unknown"
 
     def _foreign(self, s: Sent, own: Record, owner: str, mine, theirs) -> None:
         self.leaks += 1
         tally = self.pairs.get(frozenset((s.identity.name, owner)))
         if tally is not None:
             tally.fingerprint_leaks += 1
-        how = ("a cached state computed under it" if s.record.hit else
-               "no reuse: the request was computed with its weights (a batch that mixes identities)"
-               if s.group else "no reuse")
+        how = {"cache": "a cached state computed under it",
+               "batch": "no reuse: the request was computed with its weights (a batch that mixes identities)",
+               "cache or batch": "a hit, in a batch that mixes identities: the restored state or the batch",
+               "unknown": "no reuse proven"}[self._via(s)]
         self.rq.finding(self.state, "partition_leak", "fail", s.record,
                         detail=f"{s.identity.describe()} answered with {owner}'s cold fingerprint ({theirs.agreeing} "
                                f"tokens agree, log-probabilities within {theirs.distance:.4f}) rather than its own "

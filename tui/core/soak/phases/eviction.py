@@ -17,6 +17,7 @@ memo, and each pass has its KV usage, preemptions and findings, time-aligned.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 
@@ -25,6 +26,7 @@ from ..record import concurrently
 
 TITLE = "eviction"
 MAX_GROWTH = 4                # doublings of a pool that fits in the cache
+SAMPLE_S = 0.5                # KV usage read this often while requests run
 
 
 def capacity(rq) -> tuple[int | None, str]:
@@ -128,25 +130,23 @@ async def _pass(rq, state, pool: Pool, memos: list, number: int, *, admit: bool,
     mode = "admit" if admit else ("alone" if group == 1 else f"{group} at once")
     t0 = rq.round(state, number, number + 1, {str(i): m.memo_id for i, m in enumerate(memos[:group])})
     clock = time.monotonic()
+    sampler = KvSampler(rq, kv_max)
     for at in range(0, len(memos), group):
         chunk = memos[at:at + group]
 
         def send(memo, expect):
             return rq.send(state, rq.question(memo.text, "recall"), task="recall", memo=memo,
                            slot=pool.memos.index(memo), round=number, expect=expect)
-        firsts = await concurrently(*(send(m, "cold" if admit else "any") for m in chunk))
+        firsts = await sampler.during(concurrently(*(send(m, "cold" if admit else "any") for m in chunk)))
         for memo, record in zip(chunk, firsts):
             seen = None if admit else pool.after_first(memo, record)
             evicted += seen == "evicted"
             partial += seen == "partial"
-        seconds = await concurrently(*(send(m, "hit") for m in chunk))
+        seconds = await sampler.during(concurrently(*(send(m, "hit") for m in chunk)))
         for memo, record in zip(chunk, seconds):
             pool.after_hit(memo, record)
             hits += record.hit
-        snapshot = await rq.scrape()
-        kv = _value(snapshot, KV_USAGE)
-        if kv is not None:
-            kv_max = kv if kv_max is None else max(kv_max, kv)
+    kv_max = sampler.max
     last_metrics = await rq.scrape()
     preempted = _delta(first_metrics, last_metrics, PREEMPTIONS)
     passes.append({"pass": number, "mode": mode, "memos": len(memos), "t_start_s": round(t0, 2),
@@ -155,6 +155,33 @@ async def _pass(rq, state, pool: Pool, memos: list, number: int, *, admit: bool,
                    "preemptions": preempted,
                    "findings": {k: state.findings[k] - before.get(k, 0) for k in state.findings}})
     return evicted + partial
+
+
+class KvSampler:
+    """KV usage while requests run: a gauge read between requests shows only what idle holds (vLLM
+    counts the blocks of running requests; cached free ones are not in it), so it is scraped every
+    SAMPLE_S while each group of requests is in flight, and once as it ends."""
+
+    def __init__(self, rq, start: float | None):
+        self.rq, self.max = rq, start
+
+    def _take(self, snapshot) -> None:
+        kv = _value(snapshot, KV_USAGE)
+        if kv is not None:
+            self.max = kv if self.max is None else max(self.max, kv)
+
+    async def during(self, work):
+        task = asyncio.ensure_future(work)
+        try:
+            while not task.done():
+                await asyncio.wait([task], timeout=SAMPLE_S)
+                if not task.done():
+                    self._take(await self.rq.scrape())
+        finally:
+            if not task.done():
+                task.cancel()
+        self._take(await self.rq.scrape())
+        return task.result()
 
 
 def _value(snapshot, name: str) -> float | None:

@@ -30,8 +30,9 @@ SWAP = {"a": 0, "b": 1}        # lora_swap: adapter names (vLLM models) and thei
 
 
 class CorruptingProxy:
-    def __init__(self, upstream: str, mode: str, *, after: int = 0):
+    def __init__(self, upstream: str, mode: str, *, after: int = 0, limit: int | None = None):
         assert mode in MODES
+        self.limit = limit            # for readmitted: corrupt at most this many hits (each costs controls)
         self.upstream = upstream.rstrip("/")
         self.mode = mode
         self.after = after            # for http500 / malformed: how many generation requests pass first
@@ -174,7 +175,8 @@ class CorruptingProxy:
         elif before is not None:
             self.seen[prompt] = "evicted"
         others = [c for c in self.codes if c not in own]
-        if not cached or self.seen[prompt] != "back" or not others:
+        if not cached or self.seen[prompt] != "back" or not others or \
+                self.limit is not None and self.corrupted >= self.limit:
             return chunks
         self.corrupted += 1
         return self._rechunk(chunks, f" {others[-1]}.", chat)

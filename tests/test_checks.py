@@ -263,3 +263,17 @@ def test_repetition_prefilter_never_hides_what_the_scan_finds():
         assert (None if got is None else (got.unit, got.count, got.offset)) == expected, (case, text)
         found += expected is not None
     assert 100 < found < 500                # both outcomes were exercised
+
+
+def test_fingerprint_distance_leaves_out_unlikely_alternatives():
+    from tui.core.checks.detectors import fingerprint_match
+    cold = _fp(("x", -0.1, {"x": -0.1, "y": -3.0, "t": -9.5}))
+    # the rare alternative moved by 0.8 nats (batch-shape numerics, measured on llama.cpp): same state
+    hit = _fp(("x", -0.12, {"x": -0.12, "y": -3.1, "t": -8.7}))
+    assert fingerprint_match(hit, cold, 12).distance == 0.1
+    # an alternative the model considers (above 1%) counts
+    moved = _fp(("x", -0.12, {"x": -0.12, "y": -2.2, "t": -9.5}))
+    assert fingerprint_match(moved, cold, 12).distance == 0.8
+    # the chosen token always counts, however unlikely
+    unlikely = _fp(("x", -6.0, {"x": -6.0})), _fp(("x", -7.0, {"x": -7.0}))
+    assert fingerprint_match(*unlikely, 12).distance == 1.0

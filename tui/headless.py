@@ -199,6 +199,17 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
                               f"({phase['ttft_cut_pct']}% cut)"))
         if name == "determinism" and phase.get("determinism"):
             lines.append(Text(f"  {facts.determinism_line(report)}"))
+        if name == "partition":
+            rows, notes = facts.partition_rows(report)
+            if rows:
+                lines.append(Text("\n".join(["  partition: identity pairs tried"]
+                                             + facts.text_table(facts.PARTITION_HEADER, rows, "  "))))
+            lines += [Text(f"  {note}") for note in notes]
+        if name == "eviction":
+            sentences, passes = facts.eviction_rows(report)
+            lines += [Text(f"  {s}") for s in sentences]
+            if passes:
+                lines.append(Text("\n".join(facts.text_table(facts.EVICTION_HEADER, passes, "  "))))
         if name == "restore":
             lines += [Text(f"  {line}") for line in facts.restore_lines(report)]
         if name == "mix":

@@ -7,6 +7,11 @@ a fresh cache_salt) pass through untouched, so a correct hitproof raises fail-cl
 It can also break the transport itself: HTTP 500 or a malformed chunk after N requests. And it
 can drop what proves a hit, as many proxies do: `strip_usage` removes per-request cached tokens
 (usage.prompt_tokens_details, timings.cache_n), `strip_all` also hides the server's /metrics.
+Two modes aim at identities and evictions: `lora_swap` answers a request under adapter B (vLLM
+`model: "b"`, llama.cpp a `lora` list that turns id 1 on) with the last answer adapter A gave to the
+same prompt, its tokens and log-probabilities, carrying B's own usage; requests that must be cold
+(a cache_salt, `cache_prompt: false`) pass untouched. `readmitted` corrupts the hits of a prompt
+that had hit, then missed (it was evicted), then came back: another memo's code, on re-admission only.
 """
 
 from __future__ import annotations
@@ -20,12 +25,15 @@ from aiohttp import web
 
 CODE = re.compile(r"\b\d{4}-\d{4}-\d{4}\b")
 MODES = ("none", "foreign", "recall_miss", "repetition", "empty", "http500", "malformed",
-         "fp_foreign", "fp_alter", "fp_alike", "strip_usage", "strip_all", "send_failed_once")
+         "fp_foreign", "fp_alter", "fp_alike", "strip_usage", "strip_all", "send_failed_once", "lora_swap",
+         "readmitted")
+SWAP = {"a": 0, "b": 1}        # lora_swap: adapter names (vLLM models) and their llama.cpp ids; a's answers go to b
 
 
 class CorruptingProxy:
-    def __init__(self, upstream: str, mode: str, *, after: int = 0, names: str = ""):
+    def __init__(self, upstream: str, mode: str, *, after: int = 0, names: str = "", limit: int | None = None):
         assert mode in MODES
+        self.limit = limit            # for readmitted: corrupt at most this many hits (each costs controls)
         self.upstream = upstream.rstrip("/")
         self.mode = mode
         self.after = after            # for http500 / malformed: how many generation requests pass first
@@ -35,6 +43,8 @@ class CorruptingProxy:
         self.corrupted = 0
         self.url = ""
         self.cold: dict[tuple[str, str], list[dict]] = {}   # (memo line, question) -> a cold response
+        self.answers_a: dict[str, list[dict]] = {}           # lora_swap: prompt -> adapter a's last answer
+        self.seen: dict[str, str] = {}                       # readmitted: prompt -> "hit" | "evicted" | "back"
 
     async def start(self) -> "CorruptingProxy":
         # a fresh upstream connection per request: llama-server drops kept-alive ones after 5 s
@@ -103,7 +113,12 @@ class CorruptingProxy:
             await response.write_eof()
             return response
         key = (prompt.split("\n", 1)[0], prompt.rsplit("Question:", 1)[-1][-160:])
-        if self.mode in ("fp_foreign", "fp_alter"):
+        if self.mode == "lora_swap":
+            out = self._swap(payload, prompt, chunks)
+        elif self.mode == "readmitted":
+            forced = payload.get("cache_salt") is not None or payload.get("cache_prompt") is False
+            out = chunks if forced else self._readmitted(prompt, own, cached, chunks, chat)
+        elif self.mode in ("fp_foreign", "fp_alter"):
             out = self._fingerprint_corruption(chunks, key, cached)
         elif self.mode == "fp_alike":
             out = self._alike(chunks, key)
@@ -136,6 +151,40 @@ class CorruptingProxy:
         if self.mode == "empty":
             return "" if turns >= 2 else None
         return None
+
+    @staticmethod
+    def _adapter(payload: dict) -> str | None:
+        if payload.get("model") in SWAP:
+            return payload["model"]
+        for entry in payload.get("lora") or []:
+            if entry.get("scale"):
+                return next((name for name, i in SWAP.items() if i == entry.get("id")), None)
+        return None
+
+    def _swap(self, payload: dict, prompt: str, chunks: list[dict]) -> list[dict]:
+        adapter = self._adapter(payload)
+        if adapter == "a":
+            self.answers_a[prompt] = chunks
+            return chunks
+        cold = payload.get("cache_salt") is not None or payload.get("cache_prompt") is False
+        theirs = self.answers_a.get(prompt)
+        if adapter != "b" or cold or theirs is None:
+            return chunks
+        self.corrupted += 1
+        return _with_accounting(theirs, chunks)
+
+    def _readmitted(self, prompt: str, own: list[str], cached: int, chunks: list[dict], chat: bool) -> list[dict]:
+        before = self.seen.get(prompt)
+        if cached:
+            self.seen[prompt] = "back" if before in ("evicted", "back") else "hit"
+        elif before is not None:
+            self.seen[prompt] = "evicted"
+        others = [c for c in self.codes if c not in own]
+        if not cached or self.seen[prompt] != "back" or not others or \
+                self.limit is not None and self.corrupted >= self.limit:
+            return chunks
+        self.corrupted += 1
+        return self._rechunk(chunks, f" {others[-1]}.", chat)
 
     def _fingerprint_corruption(self, chunks: list[dict], key: tuple[str, str], cached: int) -> list[dict]:
         """fp_foreign: a hit answers with another memo's cold response to the same question (its

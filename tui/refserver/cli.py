@@ -35,8 +35,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "vLLM without --enable-prompt-tokens-details); /metrics still counts them")
     parser.add_argument("--slot-save-path", metavar="DIR",
                         help="llama.cpp's slot files: POST /slots/{id}?action=save|restore|erase (the restore phase)")
+    parser.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME",
+                        help="serve LoRA adapters under these names, as vLLM does (a request picks one with "
+                             "model: NAME; NAME=PATH is accepted, the path ignored)")
     parser.add_argument("--no-prefix-caching", action="store_true",
-                        help="reuse nothing (vLLM's --no-enable-prefix-caching): every request is cold")
+                        help="never reuse cached blocks (vLLM's --no-enable-prefix-caching)")
     parser.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens,
                         help="> 0: pretend a drafter and export vllm:spec_decode_* counters")
 
@@ -49,6 +52,7 @@ def _config(ns: argparse.Namespace) -> RefServerConfig:
         drift_min_tokens=getattr(ns, "drift_min_tokens", RefServerConfig.drift_min_tokens),
         num_speculative_tokens=getattr(ns, "num_speculative_tokens", 0),
         cache_report=not getattr(ns, "no_cache_report", False),
+        lora_modules=tuple(m.split("=", 1)[0] for m in getattr(ns, "lora_modules", None) or ()),
         prefix_caching=not getattr(ns, "no_prefix_caching", False),
         slot_save_path=getattr(ns, "slot_save_path", None),
         host=getattr(ns, "host", RefServerConfig.host))

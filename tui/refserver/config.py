@@ -23,6 +23,7 @@ class RefServerConfig:
     num_speculative_tokens: int = 0  # > 0: pretend a drafter and export spec-decode counters
     max_model_len: int = 32768
     cache_report: bool = True  # False: usage carries no prompt_tokens_details (vLLM's default)
+    lora_modules: tuple[str, ...] = ()  # adapter names served as models of their own (vLLM's --lora-modules)
     prefix_caching: bool = True  # False: nothing is ever reused (vLLM's --no-enable-prefix-caching)
     host: str = "127.0.0.1"
     slot_save_path: str | None = None  # llama.cpp's --slot-save-path: POST /slots/{id}?action=save|restore|erase
@@ -38,6 +39,11 @@ class RefServerConfig:
             raise ValueError("timings must be >= 0")
         if self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens must be >= 0")
+        for name in self.lora_modules:
+            if not name or name == self.model_name or not all(c.isalnum() or c in "-_." for c in name):
+                raise ValueError(f"bad LoRA module name {name!r} (letters, digits, - _ . and not the model's name)")
+        if len(set(self.lora_modules)) != len(self.lora_modules):
+            raise ValueError("LoRA module names must differ")
         if not self.host.strip():
             raise ValueError("host must not be empty")
 

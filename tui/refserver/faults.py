@@ -22,6 +22,15 @@ project notes; see README.md for the table):
                    finish_reason "stop": "a conversation would come back empty on turn two".
 ``mixed_state``    on a hit, with probability 0.5, one four-digit group of the memo's code is
                    restored from another stored sequence's code: a state mixed from two requests.
+``salt_ignored``   the block hash leaves out ``cache_salt``: a request under another salt (a
+                   control, another tenant) reuses the blocks of the same tokens: "cache_salt
+                   dropped by a connector".
+``adapter_ignored`` the block hash leaves out the LoRA adapter: the same tokens under another
+                   adapter (or the base model) resume from blocks another adapter computed:
+                   "silently contaminated by the previous adapter".
+``evict_stale``    a block that was evicted and is stored again (re-admitted) restores, on a
+                   later hit, the stale state of another memo evicted before it, at the same
+                   position: "garbled output only under load", "serving another request's KV".
 ``partial_concurrent`` only a short partial-prefix hit (at most half its prompt reused) admitted while
                    another request is served restores another sequence's blocks: what fixed scripts
                    (whole repeats, one shared memo) never exercise, and the mix phase does.
@@ -46,7 +55,8 @@ from .cache import BlockState, PrefixCache
 from .tokenizer import EOS, ZERO, Token, is_word, token_for
 
 FAULTS = ("none", "zero_state", "foreign_state", "repeat_token", "empty_turn", "wording_drift",
-          "mixed_state", "slow_hits", "unaligned_report", "counter_drift", "partial_concurrent",
+          "mixed_state", "slow_hits", "unaligned_report", "counter_drift", "partial_concurrent", "salt_ignored",
+          "adapter_ignored", "evict_stale",
           "slot_noop", "slot_trust")   # the slot faults act on /slots restores (tui/refserver/slots.py)
 
 
@@ -59,6 +69,7 @@ class Restore:
     request_id: str
     hit_number: int  # 1-based count of hits in the server's life, this one included
     cache: PrefixCache
+    hashes: tuple[bytes, ...] = ()   # the hashes of `blocks`
     running: int = 0  # other requests being served when this one was admitted
 
     @property
@@ -90,6 +101,52 @@ class Fault:
     def prefill_tokens(self, prompt_tokens: int, cached: int) -> int:
         """Tokens the prefill is timed for."""
         return prompt_tokens - cached
+
+    def key(self, salt: str, adapter: str) -> tuple[str, str]:
+        """What the block hash is keyed on besides the tokens."""
+        return salt, adapter
+
+
+class SaltIgnored(Fault):
+    name = "salt_ignored"
+
+    def key(self, salt: str, adapter: str) -> tuple[str, str]:
+        return "", adapter
+
+
+class AdapterIgnored(Fault):
+    name = "adapter_ignored"
+
+    def key(self, salt: str, adapter: str) -> tuple[str, str]:
+        return salt, ""
+
+
+class EvictStale(Fault):
+    """A re-admitted block (evicted once, stored again) restores, on a hit, the stale state another
+    writer's evicted block left at the same position: the newest such writer whose tokens differ,
+    up to the first trailing question (this request keeps its own question)."""
+    name = "evict_stale"
+
+    def restore(self, r: Restore) -> list[Token]:
+        good = r.correct()
+        stale = [i for i, h in enumerate(r.hashes) if h in r.cache.readmitted]
+        if not stale:
+            return good
+        writers = {b.request_id for b in r.blocks}
+        best: list[BlockState] | None = None
+        best_cover = 0
+        for writer, by_index in reversed(list(r.cache.evicted_states.items())):   # newest first
+            cover = sum(i in by_index for i in stale)
+            if writer in writers or cover <= best_cover:
+                continue
+            blocks = [by_index[i] if i in stale and i in by_index else b for i, b in enumerate(r.blocks)]
+            if [t.id for b in blocks for t in b.tokens] != [t.id for t in good]:
+                best, best_cover = blocks, cover
+        if best is None:
+            return good
+        tokens = [t for b in best for t in b.tokens]
+        cut = min(_question_start(tokens), _question_start(good))
+        return tokens[:cut] + good[cut:]
 
 
 class PartialConcurrent(Fault):
@@ -300,4 +357,10 @@ def make_fault(name: str, seed: int = 0, drift_min_tokens: int = 1000) -> Fault:
         return UnalignedReport()
     if name == "counter_drift":
         return CounterDrift()
+    if name == "salt_ignored":
+        return SaltIgnored()
+    if name == "adapter_ignored":
+        return AdapterIgnored()
+    if name == "evict_stale":
+        return EvictStale()
     raise ValueError(f"unknown fault {name!r}; choose from {', '.join(FAULTS)}")

@@ -2,8 +2,11 @@
 
 Position *i* of an answer gets numbers derived from ``H(state digest, i)``: a correct
 hit reproduces the cold request's values exactly, a restore of another state lands on
-different ones.  The generated piece is always the top-1 (decoding is greedy).  A kernel
-RNG (``wording_drift``) nudges each value by up to 0.002.
+different ones.  The generated piece is always the top-1 (decoding is greedy).  The alternatives
+at a position are the same words whatever the state (they depend on the piece and the position),
+their values are the state's: two states that write the same text (two adapters recalling the same
+code) still differ by up to a few nats, as real models do.  A kernel RNG (``wording_drift``)
+nudges each value by up to 0.002.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ def compute(digest: bytes, pieces: list[str], k: int, jitter: random.Random | No
             chosen -= jitter.random() * 0.002
         top = [(piece, round(chosen, 6))]
         value = chosen
-        for word in rng.sample(VOCAB, k + 1):
+        words = random.Random(hashlib.blake2b(f"{i}:{piece}".encode(), digest_size=8).digest()).sample(VOCAB, k + 1)
+        for word in words:
             if len(top) >= max(k, 1):
                 break
             if " " + word != piece:

@@ -21,7 +21,10 @@ Reading order:
    - anything else -> a continuation of vocabulary words seeded by a hash of the state
      token ids (identical state => identical text, different state => different text).
 
-Decoding is always greedy: temperature, top_p and seed do not change the output.
+Decoding is always greedy: temperature, top_p and seed do not change the output. A LoRA adapter
+(``adapters``: who computed the state) moves the continuation's words and the log-probabilities
+(``with_adapters``), never a recalled code or a summary: like the real tiny adapters, whose greedy
+recall answers barely move while their log-probabilities do.
 ``jitter`` (an RNG) is the one non-pure input: it stands in for a nondeterministic
 kernel (wording drift, rare wrong-task samples) and is ``None`` unless the
 ``wording_drift`` fault hands one in.
@@ -146,7 +149,19 @@ def degenerate_word(state: Sequence[Token]) -> str | None:
     return None
 
 
-def generate(state: Sequence[Token], max_tokens: int, jitter: random.Random | None = None) -> Generation:
+def with_adapters(digest: bytes, adapters: Sequence[str]) -> bytes:
+    """A digest as computed under LoRA adapters: `adapters` lists, in order, who computed the state
+    (the adapters of the restored blocks, then the request's own). Only the base model (all "")
+    leaves it unchanged; any adapter, or a mix, moves it (a restore of another adapter's blocks
+    gives values of neither adapter)."""
+    signature = tuple(dict.fromkeys(adapters))
+    if signature in ((), ("",)):
+        return digest
+    return hashlib.blake2b(digest + "\x00".join(signature).encode(), digest_size=16).digest()
+
+
+def generate(state: Sequence[Token], max_tokens: int, jitter: random.Random | None = None,
+             adapters: Sequence[str] = ()) -> Generation:
     if any(t.id == EOS_ID for t in state):
         return Generation([], True, "ended")
     word = degenerate_word(state)
@@ -159,7 +174,7 @@ def generate(state: Sequence[Token], max_tokens: int, jitter: random.Random | No
     elif task == "summary":
         answer = _summary(context, question, jitter)
     else:
-        answer = _continuation(state_digest(state), max_tokens)
+        answer = _continuation(with_adapters(state_digest(state), adapters), max_tokens)
     pieces = PIECE_RE.findall(answer)
     finished = task != "continue" and len(pieces) <= max_tokens
     if jitter is not None and task != "recall":

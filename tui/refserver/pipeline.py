@@ -17,7 +17,7 @@ from .cache import PrefixCache
 from .config import RefServerConfig
 from .faults import Restore, make_fault
 from .slots import Slots
-from .model import Generation, fingerprint_digest, generate
+from .model import Generation, fingerprint_digest, generate, with_adapters
 from .tokenizer import Token, tokenize
 
 
@@ -49,6 +49,8 @@ class Admission:
     digest: bytes
     jittered: bool
     slot: int | None = None        # llama.cpp's id_slot: the request leaves its state there
+    adapter: str = ""                     # the LoRA adapter it runs under ("": the base model)
+    block_adapters: tuple[str, ...] = ()  # who computed each restored block
 
     @property
     def prompt_tokens(self) -> int:
@@ -73,28 +75,30 @@ class Pipeline:
         self.slots = Slots(config.slot_save_path, config.fault)
 
     def admit(self, prompt_text: str, salt: str, max_tokens: int, request_id: str,
-              slot: int | None = None) -> Admission:
+              slot: int | None = None, adapter: str = "") -> Admission:
         prompt = tokenize(prompt_text)
         if len(prompt) >= self.config.max_model_len:
             raise PromptTooLong(
                 f"This model's maximum context length is {self.config.max_model_len} tokens. "
                 f"However, your prompt has {len(prompt)} tokens.")
-        hashes = self.cache.hashes([t.id for t in prompt], salt)
+        hashes = self.cache.hashes([t.id for t in prompt], *self.fault.key(salt, adapter))
         blocks = self.cache.lookup(hashes, len(prompt)) if self.config.prefix_caching else []
         cached = len(blocks) * self.config.block_size
         restored: list[Token] = []
         if blocks:
             self.hit_requests += 1
             restored = self.fault.restore(Restore(blocks, prompt, request_id, self.hit_requests, self.cache,
-                                                  running=self.running))
+                                                  tuple(hashes[:len(blocks)]), running=self.running))
         state = self.slots.poison(slot, restored + prompt[cached:])
         jitter = self.fault.jitter(len(prompt))
-        generation = generate(state, max_tokens, jitter)
+        computed_by = [b.adapter for b in blocks] + [adapter]
+        generation = generate(state, max_tokens, jitter, computed_by)
         self.stats.queries += len(prompt)
         self.stats.hits += self.fault.counted(cached)
         self.stats.prompt_tokens += len(prompt)
         return Admission(request_id, prompt, hashes, cached, state, generation,
-                         fingerprint_digest(state), jitter is not None, slot)
+                         with_adapters(fingerprint_digest(state), computed_by), jitter is not None,
+                         slot=slot, adapter=adapter, block_adapters=tuple(b.adapter for b in blocks))
 
     def prefill_seconds(self, adm: Admission) -> float:
         tokens = self.fault.prefill_tokens(adm.prompt_tokens, adm.cached_tokens)
@@ -107,7 +111,7 @@ class Pipeline:
         return shapes.usage(adm.prompt_tokens, completion_tokens, cached)
 
     def commit(self, adm: Admission) -> None:
-        self.cache.store(adm.hashes, adm.state, adm.request_id)
+        self.cache.store(adm.hashes, adm.state, adm.request_id, adm.adapter, adm.block_adapters)
         self.slots.remember(adm.slot, adm.state)
 
     def store_restored(self, tokens: list[Token], filename: str) -> None:

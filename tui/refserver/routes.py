@@ -47,7 +47,8 @@ async def version(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     cfg = request.app[PIPELINE].config
-    return web.json_response(shapes.models_body(cfg.model_name, request.app[STARTED], cfg.max_model_len))
+    return web.json_response(shapes.models_body(cfg.model_name, request.app[STARTED], cfg.max_model_len,
+                                                cfg.lora_modules))
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -89,14 +90,16 @@ async def _generate(request: web.Request, parse) -> web.StreamResponse:
     try:
         body = load_json(await request.read())
         wanted = pipeline.config.model_name
+        model = body.get("model")
         # a replica serving as NAME@i (tui/refserver/replicas.py) answers for NAME and its siblings
-        if body.get("model") not in (None, wanted) and not _sibling(body.get("model"), wanted):
-            return _error(f"The model `{body.get('model')}` does not exist.", 404, "model")
+        if model not in (None, wanted, *pipeline.config.lora_modules) and not _sibling(model, wanted):
+            return _error(f"The model `{model}` does not exist.", 404, "model")
         params: Params = parse(body)
         rid = ("chatcmpl-" if params.chat else "cmpl-") + uuid.uuid4().hex
         slot = body.get("id_slot")
         slot = slot if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0 else None
-        adm = pipeline.admit(params.prompt_text, params.cache_salt, params.max_tokens, rid, slot)
+        adapter = model if model in pipeline.config.lora_modules else ""
+        adm = pipeline.admit(params.prompt_text, params.cache_salt, params.max_tokens, rid, slot=slot, adapter=adapter)
     except (BadRequest, PromptTooLong) as exc:
         return _error(str(exc), param=getattr(exc, "param", None))
     pipeline.running += 1

@@ -66,7 +66,11 @@ def error_body(message: str, status: int = 400, param: str | None = None) -> dic
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
-def models_body(model: str, created: int, max_model_len: int) -> dict:
-    return {"object": "list", "data": [{
-        "id": model, "object": "model", "created": created, "owned_by": "refserver",
-        "root": model, "parent": None, "max_model_len": max_model_len, "permission": []}]}
+def models_body(model: str, created: int, max_model_len: int, adapters: tuple[str, ...] = ()) -> dict:
+    """The base model, then each LoRA adapter as vLLM lists it: a model whose `parent` is the base."""
+    base = {"id": model, "object": "model", "created": created, "owned_by": "refserver",
+            "root": model, "parent": None, "max_model_len": max_model_len, "permission": []}
+    loras = [{"id": name, "object": "model", "created": created, "owned_by": "refserver",
+              "root": f"/refserver/lora/{name}", "parent": model, "max_model_len": max_model_len, "permission": []}
+             for name in adapters]
+    return {"object": "list", "data": [base, *loras]}

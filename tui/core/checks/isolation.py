@@ -30,6 +30,10 @@ NOT_ISOLATED = {
     "acceptance_collapse": "acceptance is measured over a whole turn of the replay",
     "server_error": "the server failed; there is no answer to re-send",
     "engine_log": "a server log line is not an answer",
+    "partition_leak": "a leak across identities is about two identities on the same tokens: the phase ran its "
+                      "own cold controls and re-runs",
+    "partition_no_reuse": "a missing same-identity hit is about the server's cache, not about one answer",
+    "no_evictions": "a pool that fits in the cache is about the phase's size, not about one answer",
 }
 
 

@@ -20,6 +20,8 @@ PHASE_NAMES = (
     "control",
     "agent_replay",
     "mix",
+    "partition",
+    "eviction",
 )
 # Phases a scenario must ask for (never in the default list): restore needs launched llama.cpp replicas.
 OPTIONAL_PHASES = ("restore",)
@@ -140,6 +142,33 @@ class Restore:
 
 
 @dataclass(frozen=True)
+class Partition:
+    """The paired assertion: the same tokens under two identities (cache_salt, LoRA adapter) must not
+    share cached blocks, and a repeat under the same identity must hit."""
+    memo_tokens: int = 1200
+    salts: bool = True               # cache_salt pairs, where the dialect has salts (llama.cpp has none)
+    lora: bool = True                # adapter pairs, where the server serves adapters
+    adapters: tuple[str, ...] = ()   # the adapters to pair; empty: the first two the server lists
+    base: bool = True                # the base model is one of the identities
+    base_selection: str = "explicit"   # "explicit": the base model named (llama.cpp: every adapter at
+                                     # scale 0); "default": no adapter field (the server's default set)
+    orders: int = 3                  # adapter orders, each on its own memo (rotations of the identities)
+    concurrent: bool = True          # also every identity at once on the same memo
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """A memo pool larger than the cache, cycled so every memo is evicted and re-admitted."""
+    memo_tokens: int = 1200
+    capacity_tokens: int = 0         # 0: from the server (vLLM num_gpu_blocks x block_size; llama.cpp slots)
+    pool_factor: float = 1.5         # the pool holds this many times the capacity
+    min_memos: int = 3
+    max_memos: int = 64              # a bound on the pool, whatever the capacity says
+    cycles: int = 3                  # passes that re-admit every memo (after the first admission)
+    concurrency: int = 2             # memos sent at once in the concurrent passes (every second pass)
+
+
+@dataclass(frozen=True)
 class Isolation:
     k: int = 4
 
@@ -175,6 +204,8 @@ class Scenario:
     agent_replay: AgentReplay = field(default_factory=AgentReplay)
     mix: Mix = field(default_factory=Mix)
     restore: Restore = field(default_factory=Restore)
+    partition: Partition = field(default_factory=Partition)
+    eviction: Eviction = field(default_factory=Eviction)
     isolation: Isolation = field(default_factory=Isolation)
     power: Power = field(default_factory=Power)
     source: str = "<built-in>"       # file it came from
@@ -207,6 +238,8 @@ _SECTIONS: dict[str, type] = {
     "phases.agent_replay": AgentReplay,
     "phases.mix": Mix,
     "phases.restore": Restore,
+    "phases.partition": Partition,
+    "phases.eviction": Eviction,
 }
 _TOP_KEYS = {"name", "description", "api", "model", "phases", "seed", "request_timeout"}
 _MINIMUMS = {
@@ -217,6 +250,7 @@ _MINIMUMS = {
     "tools": 1, "growth_tokens": 8, "integrity_every": 1, "acceptance_collapse": 1.0,
     "block_size": 0, "suffix_tokens": 1, "logprobs": 0, "logprob_tolerance": 0.0, "length_step_tokens": 0, "request_timeout": 1,
     "fault_rate": 0.0, "budget_s": 1.0, "workers": 1, "memos": 2, "partial_rate": 0.0, "reproduce": 1,
+    "orders": 1, "capacity_tokens": 0, "pool_factor": 1.0, "min_memos": 2, "max_memos": 2, "cycles": 1,
 }
 
 
@@ -341,6 +375,10 @@ def _check_relations(s: Scenario, text: str, source: str) -> None:
     if s.power.evidence == "recall" and not s.evidence.codes or \
             s.power.evidence == "fingerprint" and not s.evidence.fingerprints:
         raise _fail(text, source, "power", "evidence", f"{s.power.evidence} evidence is switched off in [evidence]")
+    if s.partition.base_selection not in ("explicit", "default"):
+        raise _fail(text, source, "phases.partition", "base_selection", 'must be "explicit" or "default"')
+    if s.eviction.max_memos < s.eviction.min_memos:
+        raise _fail(text, source, "phases.eviction", "max_memos", f"must be at least min_memos ({s.eviction.min_memos})")
     if s.rotation.slots > 256 or s.shared_concurrency.streams > 256:
         raise _fail(text, source, "phases.rotation", "slots", "at most 256 concurrent slots")
 

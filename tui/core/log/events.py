@@ -60,6 +60,8 @@ class ServerInfo(Event):
     # request is attributed to one ("header NAME" | "model field" | "counter" | "none"); empty without.
     replicas: list[dict[str, Any]] = field(default_factory=list)
     replica_attribution: str = ""
+    # LoRA adapters it serves: [{"name", "model", "extra", ...}] (tui.core.server.adapters)
+    adapters: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -115,6 +117,7 @@ class RequestStarted(Event):
     prompt_chars: int = 0
     prompt_tail: str = ""       # the question, for the UI
     max_tokens: int = 0
+    identity: str | None = None     # the adapter it runs under (None: the base model, nothing chosen)
 
 
 @dataclass

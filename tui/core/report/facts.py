@@ -113,3 +113,53 @@ def mix_lines(report: RunReport) -> list[str]:
 
 def fmt_count(value) -> str:
     return fmt.MISSING if value is None else f"{value:,}"
+
+PARTITION_HEADER = ("field", "pair", "status", "cross", "reused", "by fp", "repeats hit", "fp")
+EVICTION_HEADER = ("pass", "mode", "t (s)", "evicted", "partial", "re-hits", "KV max", "preempt", "f/w/i")
+
+
+def partition_rows(report: RunReport) -> tuple[list[list[str]], list[str]]:
+    """(one row per identity pair the partition phase tried, a sentence per field it could not try)."""
+    phase = report.phases.get("partition") or {}
+    rows = []
+    for pair in phase.get("pairs") or []:
+        same = ", ".join(f"{n} {v['hits']}/{v['repeats']}" for n, v in (pair.get("same_identity") or {}).items())
+        fp = pair.get("fingerprints")
+        rows.append([pair["field"], " / ".join(pair["pair"]), pair["status"], str(pair["cross_requests"]),
+                     str(pair["cross_reused"]), str(pair["fingerprint_leaks"]), same or "none",
+                     fmt.MISSING if fp in (None, "not compared") else fp])
+    notes = [f"partition: {n['field']} not tried: {n['why']}" for n in phase.get("not_tried") or []]
+    return rows, notes
+
+
+def eviction_rows(report: RunReport) -> tuple[list[str], list[list[str]]]:
+    """(sentences: the pool against the capacity and the evictions observed, one row per pass)."""
+    phase = report.phases.get("eviction") or {}
+    if "pool_memos" not in phase:
+        return [], []
+    capacity = phase.get("capacity_tokens")
+    lines = [f"eviction: {phase['pool_memos']} memos, {fmt.cell(phase.get('pool_tokens'))} tokens, against a capacity "
+             f"of {'unknown' if capacity is None else capacity} tokens",
+             f"  ({phase.get('capacity_source')})",
+             f"eviction: {phase.get('evictions', 0)} evictions observed ({phase.get('evictions_partial', 0)} partial), "
+             f"at least {phase.get('min_evictions_per_memo', 0)} per memo"]
+    rows = []
+    for p in phase.get("passes") or []:
+        f = p.get("findings") or {}
+        kv, pre = p.get("kv_usage_max"), p.get("preemptions")
+        rows.append([str(p["pass"]), p["mode"], _span(p["t_start_s"], p["t_end_s"]), str(p["evicted"]),
+                     str(p["partial"]), str(p["rehits"]), fmt.pct(kv, 1) if kv is not None else fmt.MISSING,
+                     fmt.MISSING if pre is None else str(int(pre)),
+                     f"{f.get('fail', 0)}/{f.get('warn', 0)}/{f.get('info', 0)}"])
+    return lines, rows
+
+
+def _span(start: float, end: float) -> str:
+    digits = 0 if end >= 100 else 1
+    return f"{start:.{digits}f}-{end:.{digits}f}"
+
+
+def text_table(header: tuple[str, ...], rows: list[list[str]], indent: str = "  ") -> list[str]:
+    """Left-aligned columns two spaces apart (plain text reports)."""
+    widths = [max(len(r[i]) for r in [list(header), *rows]) for i in range(len(header))]
+    return [(indent + "  ".join(f"{c:<{w}}" for c, w in zip(r, widths))).rstrip() for r in [list(header), *rows]]

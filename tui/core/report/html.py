@@ -180,6 +180,7 @@ def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
                    f'<td>{_e("; ".join(phase.get("reasons") or []) or "")}</td></tr>')
     out.append("</table>")
     out.extend(_replica_rows(report))
+    out += _identities_and_eviction(report)
 
     # TTFT
     out.append('<h2 id="ttft">Time to first token, cold vs hit</h2>')
@@ -323,6 +324,25 @@ def _agent_turns_table(report: RunReport) -> str:
         out.append(f'<tr data-turn="{_e(turn.get("turn"))}">' + "".join(cells) + "</tr>")
     out.append(f'</table><p class="small">{_e(acceptance_sentence(report))}.</p>')
     return "".join(out)
+
+
+def _identities_and_eviction(report: RunReport) -> list[str]:
+    """The partition phase's identity pairs and the eviction phase's passes, as tables."""
+    from . import facts
+
+    def table(header, rows) -> str:
+        return ("<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>"
+                + "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
+    out = []
+    rows, notes = facts.partition_rows(report)
+    if rows or notes:
+        out.append('<h3 id="partition">Identity pairs (partition)</h3>' + (table(facts.PARTITION_HEADER, rows) if rows else "")
+                   + "".join(f'<p class="small">{_e(n)}</p>' for n in notes))
+    sentences, passes = facts.eviction_rows(report)
+    if sentences:
+        out.append('<h3 id="eviction">Eviction</h3>' + "".join(f'<p class="small">{_e(x.strip())}</p>' for x in sentences)
+                   + table(facts.EVICTION_HEADER, passes))
+    return out
 
 
 def _thousands(value: Any) -> Any:

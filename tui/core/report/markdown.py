@@ -34,8 +34,8 @@ def to_markdown(report: RunReport) -> str:
              f"{report.last_t:.1f} s.", ""]
     if report.warning:
         lines += [f"> **Warning:** {report.warning}", ""]
-    for section in (_server_and_run, incident_markdown, _phases, _replicas, _timing, ttft_markdown, _agent_turns, _findings,
-                    _isolations, _power):
+    for section in (_server_and_run, incident_markdown, _phases, _replicas, _identities_and_eviction, _timing,
+                    ttft_markdown, _agent_turns, _findings, _isolations, _power):
         lines += section(report)
     return "\n".join(lines)
 
@@ -81,6 +81,20 @@ def _phases(report: RunReport) -> list[str]:
         lines += [f"**Power target:** {report.power_target.sentence}.", ""]
     reasons = [f"- {name}: {r}" for name, phase in report.phases.items() for r in phase.get("reasons") or []]
     return lines + (reasons + [""] if reasons else [])
+
+
+def _identities_and_eviction(report: RunReport) -> list[str]:
+    rows, notes = facts.partition_rows(report)
+    sentences, passes = facts.eviction_rows(report)
+    lines = []
+    if rows or notes:
+        lines += ["### Identity pairs (partition)", ""]
+        lines += (_table(list(facts.PARTITION_HEADER), rows) + [""]) if rows else []
+        lines += [f"- {n}" for n in notes] + ([""] if notes else [])
+    if sentences:
+        lines += ["### Eviction", "", " ".join(x.strip() for x in sentences[:2]) + ".", "", sentences[2] + ".", ""]
+        lines += _table(list(facts.EVICTION_HEADER), passes) + [""]
+    return lines
 
 
 def _timing(report: RunReport) -> list[str]:

@@ -155,6 +155,8 @@ class OpenAIClient:
                 body["logprobs"] = spec.logprobs
         if spec.slot_id is not None:
             body["id_slot"] = spec.slot_id        # llama.cpp pins the request to that slot
+        if spec.extra:
+            body.update(spec.extra)
         if spec.salt is not None:
             if self.dialect == "llamacpp":
                 body["cache_prompt"] = False      # llama.cpp has no salt: refuse reuse instead

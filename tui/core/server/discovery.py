@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.errors import ServerProblem
+from .adapters import adapters_from_llamacpp, adapters_from_models
 from .client import OpenAIClient, RequestSpec
 from .metrics import CACHE_CONFIG, MetricSnapshot, parse_metrics
 
@@ -40,10 +41,16 @@ class Discovery:
     props: dict[str, Any] | None = None                            # llama.cpp's /props, trimmed
     metrics: MetricSnapshot | None = None                          # parsed /metrics (error set if unparsable)
     dialect: str = "openai"
+    adapters: list[dict[str, Any]] = field(default_factory=list)   # LoRA adapters served (tui.core.server.adapters)
 
     @property
     def model_ids(self) -> list[str]:
         return [m.get("id", "") for m in self.models]
+
+    @property
+    def base_model_ids(self) -> list[str]:
+        """The models that are not an adapter of another one."""
+        return [m.get("id", "") for m in self.models if not m.get("parent") or m.get("parent") == m.get("id")]
 
     @property
     def cache_config(self) -> dict[str, str]:
@@ -75,7 +82,8 @@ async def discover(client: OpenAIClient, *, dialect: str | None = None) -> Disco
     if not isinstance(models_body, dict):
         raise ServerProblem(f"{client.base_url} answered but /v1/models is not an OpenAI model list")
     found.models_body = models_body
-    found.models = [{k: m.get(k) for k in ("id", "root", "max_model_len", "owned_by") if k in m}
+    found.models = [{k: m.get(k) for k in ("id", "root", "parent", "max_model_len", "owned_by")
+                     if k in m and m.get(k) is not None}
                     for m in models_body.get("data", []) if isinstance(m, dict)]
     version_body = await client.get_json("/version")
     if isinstance(version_body, dict):
@@ -90,6 +98,10 @@ async def discover(client: OpenAIClient, *, dialect: str | None = None) -> Disco
         found.props = trimmed
     found.metrics = await scrape(client)
     found.dialect = dialect or await _detect_dialect(client, found)
+    if found.dialect == "llamacpp":
+        found.adapters = adapters_from_llamacpp(await client.get_json("/lora-adapters"))
+    else:
+        found.adapters = adapters_from_models(found.models)
     return found
 
 

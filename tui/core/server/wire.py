@@ -54,6 +54,9 @@ class RequestSpec:
     logprobs: int | None = None               # top-k log-probabilities per output token
     tools: list[dict] | None = None           # chat tool schemas, sent as given
     slot_id: int | None = None                # llama.cpp: pin the request to this slot (id_slot)
+    # More body fields, sent as given: what picks an identity other than the model name (a llama.cpp
+    # `lora` list); see tui.core.server.adapters
+    extra: dict[str, Any] | None = None
 
     def prompt_chars(self) -> int:
         if self.prompt is not None:

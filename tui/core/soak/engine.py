@@ -347,7 +347,9 @@ class SoakEngine:
             found = await self.cluster.discover(self.target.dialect)
             found.metrics = await self.cluster.combined()
             models = [m for m in models if m and m != "unknown"] or found.model_ids
-        model = self.scenario.model or (models[0] if models else "")
+        # not an adapter listed as a model; behind a router its list (replica 0's ids end in @0)
+        bases = models if self.cluster is not None else (found.base_model_ids or models)
+        model = self.scenario.model or (bases[0] if bases else "")
         dialect = self.client.dialect = found.dialect
         snapshot = found.metrics
         self.metrics_available = found.metrics_available
@@ -377,7 +379,7 @@ class SoakEngine:
             metrics_available=self.metrics_available,
             salts="cache_prompt=false" if dialect == "llamacpp" else "cache_salt", facts=facts,
             cached_report=report, cached_counter=counter, cached_queries=queries,
-            cached_fix=CACHE_REPORT_FIX.get(dialect, CACHE_REPORT_FIX["openai"]), **replicas)
+            cached_fix=CACHE_REPORT_FIX.get(dialect, CACHE_REPORT_FIX["openai"]), adapters=found.adapters, **replicas)
         self.emit(info)
         return info
 

@@ -31,11 +31,11 @@ class Judge:
         self._fingerprint_notes: set[str] = set()
 
     async def judge(self, state: PhaseState, record: Record, expect: str, judges: tuple[str, ...],
-                    control: bool = True) -> None:
+                    control: bool = True, fingerprints: bool = True) -> None:
         """Judge a main-arm request: foreign codes at once; hit-path problems against a cold control."""
         single_groups = self._foreign_codes(state, record)
         self._expectations(state, record, expect)
-        if control and self.rq.scenario.evidence.fingerprints and record.memo is not None:
+        if control and fingerprints and self.rq.scenario.evidence.fingerprints and record.memo is not None:
             await self._judge_fingerprint(state, record)      # (a phase with its own control judges these too)
         problems = hit_path_problems(record.checks)
         if not (problems or single_groups) or not control:

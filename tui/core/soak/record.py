@@ -114,7 +114,13 @@ def cached_words(proof: CacheProof) -> str:
 
 
 def prompt_key(spec: RequestSpec) -> str:
+    """The prompt and who computes it (model, adapter fields), not the salt: a salted re-send is the
+    same prompt cold."""
     body = spec.prompt if spec.prompt is not None else orjson.dumps(spec.messages).decode()
+    if spec.extra:
+        body += "\x00" + orjson.dumps(spec.extra, option=orjson.OPT_SORT_KEYS).decode()
+    if spec.model:
+        body += "\x00model:" + spec.model
     return hashlib.sha1(body.encode()).hexdigest()
 
 
@@ -135,4 +141,4 @@ class Sender(Protocol):
                    slot: int | None = None, round: int | None = None, turn: int | None = None,
                    expect: str = "any", arm: str = "main", of_request: int | None = None,
                    judges: Iterable[str] = ALL_JUDGES, control: bool = True,
-                   replica: int | None = None) -> Record: ...
+                   replica: int | None = None, fingerprints: bool = True) -> Record: ...

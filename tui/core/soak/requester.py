@@ -15,6 +15,7 @@ from ..evidence.text import DETERMINISM_QUESTION, RECALL_QUESTION, SUMMARY_QUEST
 from ..evidence.codes import CodeOwner
 from ..evidence.tokens import TokenCounter
 from ..log.events import Finding, MemoPlanted, RequestFinished, RequestStarted, RoundStarted
+from ..server.adapters import label_of
 from ..server.client import RequestSpec
 from .context import SoakContext
 from .judge import Judge
@@ -131,8 +132,9 @@ class Requester:
         while len(self._recent) > KEEP_RECENT:
             self._recent.popitem(last=False)
 
-    def round(self, state: PhaseState, round_: int, rounds: int, assignment: dict[str, str]) -> None:
-        self.emit(RoundStarted(phase=state.name, round=round_, rounds=rounds, assignment=assignment))
+    def round(self, state: PhaseState, round_: int, rounds: int, assignment: dict[str, str]) -> float:
+        """Announce a round; the run time it started at (seconds, as every event's t)."""
+        return self.emit(RoundStarted(phase=state.name, round=round_, rounds=rounds, assignment=assignment)).t
 
     async def shared_memo(self, state: PhaseState) -> tuple[Memo, bool]:
         """The memo phases 1-3 share; (memo, True) the first time it is made (it is cold then)."""
@@ -171,16 +173,20 @@ class Requester:
     async def send(self, state: PhaseState, spec: RequestSpec, *, task: str, memo: Memo | None = None,
                    slot: int | None = None, round: int | None = None, turn: int | None = None,
                    expect: str = "any", arm: str = "main", of_request: int | None = None,
-                   judges: Iterable[str] = ALL_JUDGES, control: bool = True, replica: int | None = None) -> Record:
+                   judges: Iterable[str] = ALL_JUDGES, control: bool = True, replica: int | None = None,
+                   fingerprints: bool = True) -> Record:
         """Send, check, judge. `control=False`: the phase runs its own control arm and judges
         hit-path problems and fingerprints itself (foreign codes, wrong tasks and cold checks are still
         judged here). `replica`: send to that replica directly instead of through the router.
+        `fingerprints=False`: the phase compares log-probabilities itself (the partition phase, whose
+        references are per identity).
 
         Behind a router, a request meant to hit that lands on a replica which never served its memo
         is a routing miss, not a cache miss: it is sent again (as a new request, judged as usual)
         until it reaches a replica that has the memo, at most once per other replica."""
         kw = dict(task=task, memo=memo, slot=slot, round=round, turn=turn, expect=expect, arm=arm,
-                  of_request=of_request, judges=judges, control=control, replica=replica)
+                  of_request=of_request, judges=judges, control=control, replica=replica,
+                  fingerprints=fingerprints)
         record = await self._via_router(state, spec, kw)
         retries = len(self.replicas) - 1 if self.replicas is not None and replica is None else 0
         while record.routed_away and expect == "hit" and arm == "main" and retries > 0:
@@ -207,7 +213,7 @@ class Requester:
     async def _send_once(self, state: PhaseState, spec: RequestSpec, *, task: str, memo: Memo | None,
                          slot: int | None, round: int | None, turn: int | None, expect: str, arm: str,
                          of_request: int | None, judges: Iterable[str], control: bool,
-                         replica: int | None) -> Record:
+                         replica: int | None, fingerprints: bool = True) -> Record:
         if arm != "isolation":               # isolation re-runs go alone while the soak waits
             await self.ctx.gate.wait()
         self._next_request += 1
@@ -218,7 +224,8 @@ class Requester:
                             memo=memo.memo_id if memo else None, code=memo.code if memo else None,
                             task=task, arm=arm, of_request=of_request, salt=spec.salt, api=spec.api,
                             expect=expect, prompt_chars=spec.prompt_chars(), prompt_tail=tail,
-                            max_tokens=spec.max_tokens))
+                            max_tokens=spec.max_tokens,
+                            identity=label_of(spec.model, spec.extra, self.server.model, self.server.adapters)))
         on_text = DeltaCoalescer(emit, index)
         tolerance = await self.cold_tolerance(spec)
         sent_at = time.monotonic()
@@ -280,7 +287,7 @@ class Requester:
         state.note(record, arm)
         self._remember(record)
         if arm == "main":
-            await self.judge.judge(state, record, expect, tuple(judges), control)
+            await self.judge.judge(state, record, expect, tuple(judges), control, fingerprints)
         return record
 
     def _abandon(self, window, rwindow) -> None:

@@ -1,6 +1,7 @@
 """One module per phase. Each has TITLE, plan(scenario) -> dict, and async run(requester, state)."""
 
-from . import agent_replay, cold_hit, control, conversation, determinism, long_prompt, mix, restore, rotation, shared_concurrency
+from . import (agent_replay, cold_hit, control, conversation, determinism, eviction, long_prompt, mix, partition,
+               restore, rotation, shared_concurrency)
 
 PHASES = {
     "cold_hit": cold_hit,
@@ -13,4 +14,6 @@ PHASES = {
     "agent_replay": agent_replay,
     "mix": mix,
     "restore": restore,
+    "partition": partition,
+    "eviction": eviction,
 }

@@ -126,15 +126,19 @@ def counter_name(snapshot: MetricSnapshot | None) -> tuple[str, str | None] | No
     return None
 
 
+def probe_request(api: str, model: str, prompt: str, salt: str) -> RequestSpec:
+    """One tiny greedy request (one token) with its own prompt and salt: hitproof's probes."""
+    return RequestSpec(api=api, max_tokens=1, temperature=0.0, model=model, salt=salt,
+                       prompt=prompt if api == "completions" else None,
+                       messages=[{"role": "user", "content": prompt}] if api == "chat" else None)
+
+
 async def probe_cache_report(client: OpenAIClient, api: str, model: str, nonce: str,
                              snapshot: MetricSnapshot | None) -> tuple[str, str, str]:
     """How this server's hits can be proven: one tiny cold request (unique prompt, fresh salt, one
     token) shows whether it reports per-request cached tokens; if not, whether its metrics have a
     cached-token counter to attribute. ("request" | "counter" | "none", counter, query counter)."""
-    prompt = f"hitproof cache-report probe, run {nonce}."
-    spec = RequestSpec(api=api, max_tokens=1, temperature=0.0, model=model, salt=f"hp-{nonce}-probe",
-                       prompt=prompt if api == "completions" else None,
-                       messages=[{"role": "user", "content": prompt}] if api == "chat" else None)
+    spec = probe_request(api, model, f"hitproof cache-report probe, run {nonce}.", f"hp-{nonce}-probe")
     try:
         completion = await client.stream(spec)
     except ServerProblem as exc:

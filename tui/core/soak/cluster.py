@@ -9,8 +9,8 @@ from typing import Any, Awaitable, Callable
 
 from ..config.errors import ServerProblem
 from ..log.events import ReplicasJudged
-from ..server.client import OpenAIClient, RequestSpec
-from ..server.discovery import Discovery, discover
+from ..server.client import OpenAIClient
+from ..server.discovery import Discovery, discover, probe_request
 from ..server.metrics import MetricSnapshot
 from ..server.replicas import (ClusterSnapshot, ReplicaSet, Signature, assign, distinct_models, header_naming,
                                named_by_response, replica_deltas)
@@ -85,10 +85,7 @@ class ClusterView:
         """One tiny request alone through the router: the replica whose counters moved served it, and
         its response names that replica or not. Sets and returns the method (model | header | counter | none)."""
         before = await self.scrape()
-        prompt = f"hitproof replica probe, run {nonce}."
-        spec = RequestSpec(api=api, max_tokens=1, temperature=0.0, model=model, salt=f"hp-{nonce}-replica",
-                           prompt=prompt if api == "completions" else None,
-                           messages=[{"role": "user", "content": prompt}] if api == "chat" else None)
+        spec = probe_request(api, model, f"hitproof replica probe, run {nonce}.", f"hp-{nonce}-replica")
         try:
             completion = await client.stream(spec)
         except ServerProblem as exc:

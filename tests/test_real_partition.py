@@ -92,8 +92,13 @@ async def test_vllm_partition_catches_the_batched_base_request(vllm, tmp_path):
     assert all(f["evidence"]["concurrent_with"] for f in leaks), leaks            # only when batched
     assert {f["evidence"]["identity"] for f in leaks} == {"base"}, leaks
     assert all(f["evidence"]["via"] in ("batch", "cache or batch") for f in leaks), leaks
-    assert any(f["evidence"]["step"] == "concurrent_cold" for f in leaks), leaks   # nothing cached at all
-    assert all(p["cross_reused"] == 0 for p in _pairs(report, "lora").values())   # the cache itself is right
+    # The cache itself is right: no identity reused another's blocks. A batched leak can land on the
+    # all-at-once cold memo or on a batched hit of the base's own prefix (CI, 2026-12-01: both leaks of
+    # the caught run were "concurrent" hits, 512 tokens cached from the base's own first request, none
+    # on the one concurrent_cold batch), so which batched step caught it is not asserted. The judge
+    # already required the base's cold reference (sent alone) to differ and the batch re-run to repeat.
+    assert all(p["cross_reused"] == 0 for p in _pairs(report, "lora").values())
+    assert all(f["evidence"]["step"] in ("concurrent", "concurrent_cold") for f in leaks), leaks
 
 
 async def test_vllm_partition_catches_a_proxy_giving_b_the_answer_of_a(vllm, tmp_path):

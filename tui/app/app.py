@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from rich.text import Text
 from textual.app import App, ComposeResult
@@ -16,9 +16,11 @@ from textual.worker import WorkerCancelled
 
 from ..core.log import events as ev
 from ..core.config.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, HitproofError
-from .matrix_view import MatrixDone, MatrixProfileStarted, MatrixRowDone, MatrixTable, live_cells
+from .matrix_view import MatrixTable, live_cells
+from .messages import MatrixDone, MatrixProfileStarted, MatrixRowDone, StatusLine
 from .model import RunModel
 from .screens import IsolationProgress, RequestDetail
+from .stream import Stream, StreamPort
 from .widgets import (FindingsTable, MetricsStrip, PhaseList, ProgressStrip, ReplicaStrip, SlotGrid, SlotPanel,
                       TtftHistogram)
 
@@ -36,51 +38,6 @@ class Source(Protocol):
     async def isolate(self, request: int, kind: str | None) -> bool: ...  # False: not possible here
 
     def set_paused(self, paused: bool) -> None: ...
-
-
-class Stream:
-    """One run's events on their way to its model: a source queues them, the next frame folds them."""
-
-    def __init__(self, model: RunModel | None = None) -> None:
-        self.model = model or RunModel()
-        self.pending: list[ev.Event] = []
-        self.folded_at = time.monotonic()      # when the last event was folded (the live clock's anchor)
-
-    def feed(self, event: ev.Event) -> None:
-        self.pending.append(event)
-
-    def fold(self) -> bool:
-        if not self.pending:
-            return False
-        pending, self.pending = self.pending, []
-        for event in pending:
-            self.model.apply(event)
-        self.folded_at = time.monotonic()
-        return True
-
-
-class StreamPort:
-    """What a replay inside the matrix sees of the app: its own stream (feed, replace_model) and
-    notifications. Detached when the view moves on, so a late event goes nowhere."""
-
-    def __init__(self, app: "HitproofApp", stream: Stream) -> None:
-        self.app = app
-        self.stream = stream
-        self.attached = True
-
-    def feed(self, event: ev.Event) -> None:
-        if self.attached:
-            self.stream.feed(event)
-
-    def replace_model(self, model: RunModel) -> None:
-        if self.attached:
-            self.stream.model = model
-            self.stream.pending.clear()
-            self.app.draw_frame()
-
-    def notify(self, *args: Any, **kwargs: Any) -> None:
-        if self.attached:
-            self.app.notify(*args, **kwargs)
 
 
 class HitproofApp(App):
@@ -295,15 +252,6 @@ class HitproofApp(App):
 
     # --- the matrix -------------------------------------------------------------------------
 
-    def begin_profile(self, index: int) -> Stream:
-        """A matrix profile starts: its events go to a fresh stream, on screen unless a replay is."""
-        stream = Stream()
-        if self.stream is self.live_stream:
-            self.stream = stream
-        self.live_stream = stream
-        self.status_line = ""
-        return stream
-
     def _show_matrix(self) -> None:
         source = self.main_source
         running = source.running
@@ -314,6 +262,11 @@ class HitproofApp(App):
         self._matrix_table.show(running=running, live=live, viewing=self.viewing)
 
     def on_matrix_profile_started(self, message: MatrixProfileStarted) -> None:
+        """A matrix profile starts: its events go to the stream it brings, on screen unless a replay is."""
+        if self.stream is self.live_stream:
+            self.stream = message.stream
+        self.live_stream = message.stream
+        self.status_line = ""
         self._drawn_version = -1
 
     def on_matrix_row_done(self, message: MatrixRowDone) -> None:
@@ -428,9 +381,9 @@ class HitproofApp(App):
             out.append(f" {rows[index]['profile']} ", style="bold")
         return out
 
-    def show_status(self, line: str) -> None:
+    def on_status_line(self, message: StatusLine) -> None:
         """Start-up progress of a launched server (before the run's first event)."""
-        self.status_line = line[-300:]
+        self.status_line = message.line[-300:]
         self._drawn_version = -1
 
     def _totals(self) -> Text:

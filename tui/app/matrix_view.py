@@ -25,25 +25,6 @@ RESULT_STYLE = {"pass": "bold black on green", "fail": "bold white on red", "inc
                 "not_run": "grey50", "running": "bold black on cyan"}
 
 
-class MatrixProfileStarted(Message):
-    def __init__(self, index: int) -> None:
-        self.index = index
-        super().__init__()
-
-
-class MatrixRowDone(Message):
-    def __init__(self, index: int, row: dict[str, Any]) -> None:
-        self.index = index
-        self.row = row
-        super().__init__()
-
-
-class MatrixDone(Message):
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        super().__init__()
-
-
 def _seconds(value: Any) -> str:
     return fmt.clock(value) if isinstance(value, (int, float)) else fmt.MISSING
 

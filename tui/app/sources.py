@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from ..core.soak.engine import Outcome, SoakEngine
 from ..core.config.errors import HitproofError
 from ..core.log.events import Finding, RunFinished
+from .messages import MatrixDone, MatrixProfileStarted, MatrixRowDone, StatusLine
+from .stream import Stream
 
 if TYPE_CHECKING:
     from .app import HitproofApp
@@ -40,7 +42,7 @@ class LiveSource:
 
         try:
             outcome = await self._start(listeners=[app.feed], after_run=hold, on_engine=attach,
-                                        progress=app.show_status)
+                                        progress=lambda line: app.post_message(StatusLine(line)))
         except HitproofError as exc:
             app.feed(RunFinished(verdict="error", exit_code=exc.exit_code, message=str(exc)))
             return exc.exit_code
@@ -81,7 +83,7 @@ MatrixStarter = Callable[..., Awaitable[list]]
 
 class MatrixSource:
     """Runs a matrix: one profile after another, each soak's events into a fresh stream of the app
-    (app.begin_profile), each finished row posted to the app as a message. The app shows the
+    (posted with MatrixProfileStarted), each finished row posted to the app as a message. The app shows the
     running profile live below the rows; a finished row's run is its log, replayed on demand."""
 
     live = True
@@ -98,16 +100,14 @@ class MatrixSource:
         self.paused = False
 
     async def run(self, app: HitproofApp) -> int | None:
-        from .matrix_view import MatrixDone, MatrixProfileStarted, MatrixRowDone
-
         begun = time.monotonic()
         names = [row["profile"] for row in self.rows]
 
         def listeners(profile) -> list:
             index = names.index(profile.name)
             self.running, self.started_at, self.engine = index, time.monotonic(), None
-            stream = app.begin_profile(index)
-            app.post_message(MatrixProfileStarted(index))
+            stream = Stream()
+            app.post_message(MatrixProfileStarted(index, stream))
             return [stream.feed]
 
         def on_row(index: int, row: dict) -> None:
@@ -121,7 +121,7 @@ class MatrixSource:
                 engine.gate.clear()
 
         def progress(name: str, line: str) -> None:
-            app.show_status(f"[{name}] {line}")
+            app.post_message(StatusLine(f"[{name}] {line}"))
 
         await self._start(listeners=listeners, progress=progress, on_row=on_row, on_engine=attach)
         self.finished = True

@@ -104,6 +104,8 @@ def test_determinism_identical():
 def test_determinism_cache_path_divergence():
     d = classify_determinism("abcdef", ["abXdef", "abXdef"], "abcdef", ["s", "s"])
     assert (d.kind, d.hit_vs_cold, d.hit_vs_hit, d.cold_vs_cold) == ("cache_path_divergence", 2, None, None)
+    from tui.core.soak.phases.determinism import divergence_offsets
+    assert divergence_offsets(d) == "hit vs cold at 2, hit vs hit the same, cold vs cold the same, short control the same"
 
 
 def test_determinism_hits_that_disagree_with_each_other_are_the_kernel():
@@ -196,7 +198,23 @@ def test_fingerprint_exact_match_and_tolerance():
     m = fingerprint_match(A, A, 12)
     assert (m.agreeing, m.same_tokens, m.distance) == (2, True, 0.0) and m.matches(0.0)
     m = fingerprint_match(B, A, 12)
-    assert m.same_tokens and m.distance == 1.0 and not m.matches(0.5) and m.matches(1.0)
+    assert m.same_tokens and (m.distance, m.second) == (1.0, 0.5)       # position 1 moved 1.0, position 0 0.5
+    assert not m.matches(0.45) and m.matches(0.5) and m.matches(1.0)
+
+
+def test_fingerprint_allows_one_spike_up_to_twice_the_tolerance():
+    from tui.core.checks.detectors import fingerprint_match
+    cold = _fp(*[("x", -0.1, {"x": -0.1, "y": -3.0})] * 12)
+    # one runner-up moved 0.65 at the first token, the rest within 0.05 (llama.cpp's prefill split)
+    spike = _fp(("x", -0.15, {"x": -0.15, "y": -2.35}), *[("x", -0.12, {"x": -0.12, "y": -3.05})] * 11)
+    m = fingerprint_match(spike, cold, 12)
+    assert (m.distance, m.second) == (0.65, 0.05) and m.matches(0.5)
+    # the same spike beyond twice the tolerance is a deviation
+    assert not m.matches(0.3)
+    # two positions beyond the tolerance: a state that moves many tokens
+    two = _fp(*[("x", -0.15, {"x": -0.15, "y": -2.35})] * 2, *[("x", -0.1, {"x": -0.1, "y": -3.0})] * 10)
+    m = fingerprint_match(two, cold, 12)
+    assert (m.distance, m.second) == (0.65, 0.65) and not m.matches(0.5)
 
 
 def test_fingerprint_same_text_different_logprobs_is_told_apart():

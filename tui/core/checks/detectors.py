@@ -238,6 +238,16 @@ def compare_logprobs(a: list[list], b: list[list]) -> LogprobComparison:
 # A wrong state moves the tokens the model actually considers, and the chosen one always counts.
 ALTERNATIVE_FLOOR = -4.6
 
+# A fingerprint matches when at most one position deviates beyond the tolerance, and that one by at
+# most twice it. Why one spike is allowed: the clean llama.cpp quick soak in CI (2026-12-01) had a
+# hit whose first token's runner-up moved 0.65 nats (p 0.08 vs 0.04) with every other position
+# within 0.07, reproducibly (the hit's prefill split differs from the cold one); across 1,215 clean
+# llama.cpp comparisons here (Gemma and the tiny hybrids) the second-largest position deviated at
+# most 0.27 and the largest at most 0.65. A wrong state
+# moves many positions: the vLLM mixed-LoRA batch leak deviated 0.51-0.68 at two positions or more
+# in 7 of its 8 caught comparisons, and all llama.cpp and reference-server faults did.
+SPIKE_FACTOR = 2.0
+
 
 @dataclass(frozen=True)
 class FingerprintMatch:
@@ -249,8 +259,10 @@ class FingerprintMatch:
                                 # entries both share above ALTERNATIVE_FLOOR in either run, up to and
                                 # including the first differing token (inf: nothing shared)
 
+    second: float = 0.0         # the second-largest per-position deviation (see SPIKE_FACTOR)
+
     def matches(self, tolerance: float) -> bool:
-        return self.same_tokens and self.distance <= tolerance
+        return self.same_tokens and self.second <= tolerance and self.distance <= SPIKE_FACTOR * tolerance
 
     def closer_than(self, other: "FingerprintMatch") -> bool:
         """More leading tokens in common, or as many and smaller log-probability differences."""
@@ -267,21 +279,25 @@ def _entries(position: list) -> dict:
 def fingerprint_match(run: list[list], fingerprint: list[list], tokens: int) -> FingerprintMatch:
     a, b = run[:tokens], fingerprint[:tokens]
     agreeing = 0
-    distance = 0.0
+    deviations = [0.0, 0.0]      # the two largest per-position deviations
     shared = False
     for x, y in zip(a, b):
         mine, theirs = _entries(x), _entries(y)
+        here = 0.0
         for tok in mine.keys() & theirs.keys():
             chosen = tok in (x[0], y[0])
             if not chosen and max(mine[tok], theirs[tok]) < ALTERNATIVE_FLOOR:
                 continue
             shared = True
-            distance = max(distance, abs(mine[tok] - theirs[tok]))
+            here = max(here, abs(mine[tok] - theirs[tok]))
+        deviations = sorted([*deviations, here], reverse=True)[:2]
         if x[0] != y[0]:
             break
         agreeing += 1
     same = agreeing == len(a) == len(b)
-    return FingerprintMatch(agreeing, same, round(distance, 6) if shared else float("inf"))
+    if not shared:
+        return FingerprintMatch(agreeing, same, float("inf"), float("inf"))
+    return FingerprintMatch(agreeing, same, round(deviations[0], 6), round(deviations[1], 6))
 
 
 def classify_fingerprint(own: FingerprintMatch, others: dict[str, FingerprintMatch],

@@ -145,7 +145,7 @@ class PairBook:
         for i, a in enumerate(names):
             for b in names[i + 1:]:
                 m = fp.match(usable[a].completion.logprobs, usable[b].completion.logprobs)
-                distinct = not (m.same_tokens and m.distance <= e.fingerprint_tolerance + e.fingerprint_margin)
+                distinct = not m.matches(e.fingerprint_tolerance + e.fingerprint_margin)
                 tally = self.pairs.get(frozenset((a, b)))
                 if not compare_refs:
                     if not distinct:

@@ -54,6 +54,13 @@ async def run(rq, state) -> None:
     judge(rq, state, cold, hits, cold_again, short_runs)
 
 
+def divergence_offsets(verdict) -> str:
+    """Where each pair of runs first differs, in words: "hit vs cold at 17, hit vs hit the same, ..."."""
+    pairs = (("hit vs cold", verdict.hit_vs_cold), ("hit vs hit", verdict.hit_vs_hit),
+             ("cold vs cold", verdict.cold_vs_cold), ("short control", verdict.short_control))
+    return ", ".join(f"{name} {'the same' if at is None else f'at {at}'}" for name, at in pairs)
+
+
 def judge(rq, state, cold, hits: list, cold_again, short_runs: list) -> None:
     """hit != cold while hit == hit and cold == cold is the cache path (fail, or info for a near-tied
     flip); hit != hit or cold != cold is the kernel; the short memo's runs say whether the kernel
@@ -65,8 +72,7 @@ def judge(rq, state, cold, hits: list, cold_again, short_runs: list) -> None:
     if cold.completion.logprobs and hits[0].completion.logprobs:
         found["logprob_delta_hit_vs_cold"] = compare_logprobs(cold.completion.logprobs,
                                                               hits[0].completion.logprobs).max_prefix_delta
-    offsets = (f"hit vs cold at {verdict.hit_vs_cold}, hit vs hit at {verdict.hit_vs_hit}, "
-               f"cold vs cold at {verdict.cold_vs_cold}, short control at {verdict.short_control}")
+    offsets = divergence_offsets(verdict)
     if verdict.kind == "cache_path_divergence":
         _divergence(rq, state, cold, hits, cold_again, verdict.hit_vs_cold, offsets)
     elif verdict.kind == "kernel_nondeterminism":

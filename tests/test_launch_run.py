@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cli import ROOT, hitproof_argv, report_json, run_hitproof, scenario
+from support.cli import ROOT, ctrl_c_reaches_it, hitproof_argv, report_json, run_hitproof, scenario
 from tui.core.log.events import EventBus, Finding, RunFinished, RunHeader, ServerLog
 from tui.core.server.launch import free_port
 from tui.runner import ServerLogRelay
@@ -271,7 +271,7 @@ async def test_ctrl_c_stops_the_launched_server(tmp_path):
     proc = await asyncio.create_subprocess_exec(
         *hitproof_argv("run", "--launch", f"{REFSERVER} --decode-ms-per-token 50", "--scenario",
                        str(scenario(tmp_path, slow)), "--headless", "--record", str(log)),
-        cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, preexec_fn=ctrl_c_reaches_it)
     try:
         deadline = time.monotonic() + 120
         while not (log.exists() and any(e["type"] == "request_end" for e in events(log))):

@@ -27,11 +27,19 @@ def hitproof_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "tui", *args]
 
 
+def ctrl_c_reaches_it() -> None:
+    """preexec_fn for a child the test will Ctrl-C: as in a terminal. A suite started in the
+    background of a non-interactive shell (`.ci/run &`) has SIGINT ignored, and its children inherit
+    that, so SIGINT would never reach them (Python keeps an inherited SIG_IGN)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def run_hitproof(*args: str, timeout: float = 900, interrupt_after: float | None = None,
                        env: dict | None = None) -> Result:
     proc = await asyncio.create_subprocess_exec(
         *hitproof_argv(*args), cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "COLUMNS": "160", **(env or {})})
+        env={**os.environ, "COLUMNS": "160", **(env or {})},
+        preexec_fn=ctrl_c_reaches_it if interrupt_after is not None else None)
     if interrupt_after is not None:
         await asyncio.sleep(interrupt_after)
         proc.send_signal(signal.SIGINT)

@@ -111,3 +111,13 @@ def test_plan_cluster_refuses_wrong_port_count():
 ])
 def test_slot_file_names(name, ok):
     assert valid_filename(name) is ok
+
+
+def test_llamacpp_workers_share_the_cores_unless_threads_are_given(monkeypatch):
+    monkeypatch.setattr(R, "_cores", lambda: 2)
+    assert R.worker_threads("llamacpp", 2, ()) == 1
+    assert R.worker_threads("llamacpp", 3, ()) == 1                 # never 0
+    monkeypatch.setattr(R, "_cores", lambda: 8)
+    assert R.worker_threads("llamacpp", 2, ("--slot-save-path", "/x")) == 4
+    assert R.worker_threads("llamacpp", 2, ("-t", "3")) is None      # the caller chose
+    assert R.worker_threads("vllm", 2, ()) is None                   # vLLM's own threading is left alone

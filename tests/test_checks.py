@@ -1,7 +1,10 @@
 """The pure detectors, with exact offsets."""
 
+import math
 import random
 import re
+
+import pytest
 
 from tui.core.checks.detectors import (check_recall, classify_determinism, find_foreign_codes, find_repetition,
                                        first_divergence, is_empty, wrong_task)
@@ -295,3 +298,13 @@ def test_fingerprint_distance_leaves_out_unlikely_alternatives():
     # the chosen token always counts, however unlikely
     unlikely = _fp(("x", -6.0, {"x": -6.0})), _fp(("x", -7.0, {"x": -7.0}))
     assert fingerprint_match(*unlikely, 12).distance == 1.0
+
+
+def test_the_calibrated_tolerance_follows_the_servers_noise_within_the_scenarios():
+    from tui.core.checks.detectors import CALIBRATION_FACTOR, CALIBRATION_FLOOR, calibrated_tolerance
+    assert calibrated_tolerance(0.5, [2.1e-5, 0.0, 1.3e-5]) == CALIBRATION_FLOOR      # vLLM CPU: the floor
+    assert calibrated_tolerance(0.5, [0.02, 0.01]) == pytest.approx(0.02 * CALIBRATION_FACTOR)
+    assert calibrated_tolerance(0.5, [0.41, 0.2]) == 0.5                            # llama.cpp: the scenario's
+    assert calibrated_tolerance(0.5, []) == 0.5                                     # nothing measured
+    assert calibrated_tolerance(0.5, [0.0, math.inf]) == 0.5                        # an answer unlike its state
+    assert calibrated_tolerance(0.03, [0.0]) == 0.03                                # never above the scenario's

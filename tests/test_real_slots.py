@@ -6,8 +6,11 @@ restored on B, and on A after a restart. What the project relies on, measured on
 
 - a restore that the server accepts resumes the saved state for a request that *continues*
   the saved tokens (the saved prompt and the tokens generated after it): cached tokens equal
-  the saved count and the answer equals a cold run of the same tokens (greedy tokens, top-5
-  log-probabilities), on the hybrid models too: recurrent state survives the file;
+  the saved count and the answer is, bit for bit, the one the saving slot gives from memory
+  (greedy tokens, top-5 log-probabilities), on the hybrid models too: recurrent state survives
+  the file. Against a cold run of the same tokens the answer is close, not always equal: that
+  is the cache path, restore or not (granite-h-tiny, 80 memos: restored = in memory exactly in
+  80; both within 0.02 nats of cold in 78, two off by 0.04 and 0.89 at their first tokens);
 - the *identical* prompt after a restore is not a hit: the restored slot carries no context
   checkpoint, so llama.cpp cannot roll back to the end of the prompt and re-processes all of
   it (cached tokens 0; llama.cpp #25913, #26676): a restore can be a silent no-op;
@@ -31,7 +34,8 @@ pytestmark = pytest.mark.realserver
 
 WORDS = ("ledger invoice margin audit quarterly vendor reconciliation freight customs warehouse "
          "pallet tariff shipment broker clearance manifest depot carrier").split()
-TOLERANCE = 0.02  # nats; a restored hit reproduced its cold run within 0.003 here
+TOLERANCE = 0.02  # nats; for answers that must be the same state: measured 0.003 at most between
+                  # cold runs, and a restored hit is bit-identical to the saving slot's own answer
 
 
 def memo(tag: str, words: int) -> str:
@@ -60,6 +64,11 @@ def same_answer(a, b) -> bool:
             if x[token] is None or y[token] is None or abs(x[token] - y[token]) > TOLERANCE:
                 return False
     return True
+
+
+def exactly(a, b) -> bool:
+    """The same greedy tokens and the same top-5 log-probabilities, bit for bit: the same state."""
+    return a["tokens"] == b["tokens"] and a["top"] == b["top"]
 
 
 class Pair:
@@ -128,19 +137,22 @@ SIZES = {"gemma3-270m": 300, "qwen3next-tiny": 400, "granite-h-tiny": 400}
 async def test_state_saved_on_a_resumes_on_b_and_on_a_after_restart(pair):
     async with httpx.AsyncClient(timeout=600, trust_env=False) as client:
         prompt, cold, saved, continuation, reference = await saved_memo(client, pair, SIZES[pair.model])
+        # the saved state's own answer: the continuation on the slot that was saved, from memory
+        in_memory = await complete(client, pair.url(0), continuation, 0)
+        assert in_memory["cache_n"] == saved.tokens and in_memory["prompt_n"] == 1
         async with SlotClient(pair.url(1), client=client) as b:
             restored = await b.restore(1, "p.bin")
         assert restored.tokens == saved.tokens and restored.bytes == saved.bytes
         hit = await complete(client, pair.url(1), continuation, 1)
         assert hit["cache_n"] == saved.tokens and hit["prompt_n"] == 1
-        assert same_answer(hit, reference), (hit, reference)
+        assert exactly(hit, in_memory), (hit, in_memory)
         # A after a restart: nothing of the memo is left in memory, only the file
         await pair.servers[0].stop()
         await pair.start(0)
         async with SlotClient(pair.url(0), client=client) as a:
             await a.restore(2, "p.bin")
         again = await complete(client, pair.url(0), continuation, 2)
-        assert again["cache_n"] == saved.tokens and same_answer(again, reference)
+        assert again["cache_n"] == saved.tokens and exactly(again, in_memory), (again, in_memory)
 
 
 @pytest.mark.parametrize("pair", ["gemma3-270m"], indirect=True)

@@ -154,6 +154,8 @@ class Partition:
                                      # scale 0); "default": no adapter field (the server's default set)
     orders: int = 3                  # adapter orders, each on its own memo (rotations of the identities)
     concurrent: bool = True          # also every identity at once on the same memo
+    calibrate: bool = True           # fingerprint tolerance from the server's own same-identity noise
+                                     # (checks.detectors.calibrated_tolerance), never above the scenario's
 
 
 @dataclass(frozen=True)

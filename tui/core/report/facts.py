@@ -129,6 +129,12 @@ def partition_rows(report: RunReport) -> tuple[list[list[str]], list[str]]:
                      str(pair["cross_reused"]), str(pair["fingerprint_leaks"]), same or "none",
                      fmt.MISSING if fp in (None, "not compared") else fp])
     notes = [f"partition: {n['field']} not tried: {n['why']}" for n in phase.get("not_tried") or []]
+    cal = phase.get("fingerprint_tolerance")
+    if cal:
+        noise = "not measured" if cal.get("noise") is None else f"{cal['noise']:.2g} nats"
+        notes.append(f"partition: fingerprint tolerance {cal['used']:.2g} nats (this server's own noise {noise} on "
+                     f"{cal['answers']} same-identity answers, x{cal['factor']:g}, at least {cal['floor']:g}, "
+                     f"at most the scenario's {cal['scenario']:g})")
     return rows, notes
 
 

@@ -82,6 +82,19 @@ class PairBook:
             for b in names[i + 1:]:
                 self.pairs[frozenset((a, b))] = PairTally(field_name, (a, b))
         self.leaks = 0
+        self.tolerance = rq.scenario.evidence.fingerprint_tolerance   # lowered by calibrate()
+
+    def calibrate(self, refs: dict[str, Record], clean: list[tuple[str, Record]]) -> dict[str, Any]:
+        """Judge answers with a tolerance from this server's own noise: `clean` are answers of the same
+        state as their identity's reference (repeats alone, the identity twice at once)."""
+        configured = self.rq.scenario.evidence.fingerprint_tolerance
+        distances = [self.rq.fingerprints.match(r.completion.logprobs, refs[name].completion.logprobs).distance
+                     for name, r in clean
+                     if name in refs and refs[name].cold and refs[name].completion.logprobs and r.completion.logprobs]
+        self.tolerance = detectors.calibrated_tolerance(configured, distances)
+        return {"scenario": configured, "used": self.tolerance, "answers": len(distances),
+                "noise": round(max(distances), 6) if distances else None,
+                "factor": detectors.CALIBRATION_FACTOR, "floor": detectors.CALIBRATION_FLOOR}
 
     def _pairs_of(self, name: str, others) -> list[PairTally]:
         return [self.pairs[frozenset((name, o))] for o in others if frozenset((name, o)) in self.pairs]
@@ -167,7 +180,7 @@ class PairBook:
             others = {n: fp.match(s.record.completion.logprobs, r.completion.logprobs) for n, r in usable.items()
                       if n != s.identity.name and frozenset((n, s.identity.name)) not in alike}
             mine = fp.match(s.record.completion.logprobs, own.completion.logprobs)
-            verdict, owner = detectors.classify_fingerprint(mine, others, e.fingerprint_tolerance, e.fingerprint_tokens)
+            verdict, owner = detectors.classify_fingerprint(mine, others, self.tolerance, e.fingerprint_tokens)
             s.record.checks["identity"] = {"identity": s.identity.name, "verdict": verdict, "closest": owner,
                                            "own_distance": mine.distance, "own_agreeing": mine.agreeing}
             self.rq.emit(FingerprintCompared(request=s.record.request, own_request=own.request, verdict=verdict,
@@ -209,7 +222,7 @@ class PairBook:
                         cached_tokens=s.record.proof.low, via=self._via(s))
 
     async def _mismatch(self, s: Sent, own: Record, mine, cold_ref) -> None:
-        tolerance = self.rq.scenario.evidence.fingerprint_tolerance
+        tolerance = self.tolerance
         fp = self.rq.fingerprints
         run = s.record.completion.logprobs
         flip = detectors.compare_logprobs(own.completion.logprobs, run)

@@ -2,12 +2,17 @@
 
 The README claims the repeat hits "in whole blocks, faster": both are judged here. A hit whose
 cached tokens are not a whole number of the server's blocks, or whose time to first token is
-not below the cold one, is a warning with both numbers.
+not below the cold one, is a warning with both numbers. One slow hit is not enough: the identical
+hit is timed again (RETIMES more, the fastest counts), because a single time to first token moves
+with whatever else the machine does (CI, 2026-12-01: a clean reference-server hit took 119 ms
+against 27 ms cold while two other soaks shared its event loop). A cache consulted and then
+ignored is slow on every hit, so the retimed hits still show it.
 """
 
 from __future__ import annotations
 
 TITLE = "cold → hit"
+RETIMES = 2                   # identical hits timed again before a slow hit is a warning
 
 
 def plan(scenario) -> dict:
@@ -26,10 +31,10 @@ async def run(rq, state) -> None:
     addendum = await rq.filler("cold_hit-suffix", rq.scenario.cold_hit.suffix_tokens)
     longer = rq.question(f"{memo.text}\n\nAddendum. {addendum}", "recall")
     await rq.send(state, longer, task="recall", memo=memo, expect="hit")
-    judge_hit_claims(rq, state, cold, hit)
+    await judge_hit_claims(rq, state, cold, hit)
 
 
-def judge_hit_claims(rq, state, cold, hit) -> None:
+async def judge_hit_claims(rq, state, cold, hit) -> None:
     """The hit covers whole blocks of the server's grid and comes back sooner than the cold request."""
     if not hit.hit:
         return
@@ -41,12 +46,22 @@ def judge_hit_claims(rq, state, cold, hit) -> None:
                           f"{rq.server.grid}-token blocks", cached_tokens=hit.cached, grid=rq.server.grid)
     if not cold.cold or not cold.completion.ttft_s or not hit.completion.ttft_s:
         return
-    cut = round(100 * (1 - hit.completion.ttft_s / cold.completion.ttft_s), 1)
+    cold_s = cold.completion.ttft_s
+    cut = round(100 * (1 - hit.completion.ttft_s / cold_s), 1)
     state.extra["ttft_cut_pct"] = cut
-    if hit.completion.ttft_s >= cold.completion.ttft_s:
+    if hit.completion.ttft_s < cold_s:
+        return
+    timed = [hit]
+    for _ in range(RETIMES):
+        again = await rq.send(state, hit.spec, task=hit.task, memo=hit.memo, expect="hit", arm="control")
+        if again.hit and again.completion.ttft_s:
+            timed.append(again)
+    fastest = min(timed, key=lambda r: r.completion.ttft_s)
+    if fastest.completion.ttft_s >= cold_s:
+        times = ", ".join(f"{r.completion.ttft_s * 1000:.0f}" for r in timed)
         rq.finding(state, "hit_not_faster", "warn", hit,
-                   detail=f"time to first token {hit.completion.ttft_s * 1000:.0f} ms on the hit, "
-                          f"{cold.completion.ttft_s * 1000:.0f} ms cold: reusing "
+                   detail=f"time to first token {times} ms on {len(timed)} identical hits, "
+                          f"{cold_s * 1000:.0f} ms cold: reusing "
                           f"{hit.cached if hit.cached is not None else 'cached'} tokens saved nothing",
-                   ttft_hit_s=round(hit.completion.ttft_s, 4), ttft_cold_s=round(cold.completion.ttft_s, 4),
-                   cold_request=cold.request)
+                   ttft_hit_s=round(fastest.completion.ttft_s, 4), ttft_cold_s=round(cold_s, 4),
+                   cold_request=cold.request, retimed_requests=[r.request for r in timed[1:]])

@@ -28,5 +28,5 @@ async def run(rq, state) -> None:
     if cold.completion.ttft_s and hit.completion.ttft_s:
         state.extra["ttft_cold_s"] = round(cold.completion.ttft_s, 3)
         state.extra["ttft_hit_s"] = round(hit.completion.ttft_s, 3)
-    judge_hit_claims(rq, state, cold, hit)
+    await judge_hit_claims(rq, state, cold, hit)
     state.extra["prompt_tokens"] = cold.completion.prompt_tokens

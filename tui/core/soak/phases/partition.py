@@ -13,6 +13,9 @@
   (tui.core.soak.identities). Then every memo again under each identity, alone (a state saved
   elsewhere and brought back must be the asker's), and once per phase every identity at once on
   a memo nobody computed.
+- The fingerprint tolerance is calibrated on the first memo (`calibrate = true`): this server's own
+  noise on same-identity answers, times ten, at least 0.05 nats, never above the scenario's
+  (checks.detectors.calibrated_tolerance says why). The report gives the numbers.
 
 `partition_leak` (fail) and `partition_no_reuse` (warn); the report lists each pair tried.
 """
@@ -34,7 +37,9 @@ def plan(scenario) -> dict:
     p = scenario.partition
     n = GUESS_IDENTITIES
     per_order = 2 * n + 1 + (n if p.concurrent else 0) + n + n      # ... + references + the revisit
-    planned = (4 + (3 if p.concurrent else 0)) * p.salts + p.lora * (p.orders * per_order + (2 * n if p.concurrent else 0))
+    calibration = 2 * n if p.calibrate and p.concurrent else 0       # each identity twice at once, once
+    planned = (4 + (3 if p.concurrent else 0)) * p.salts + p.lora * (p.orders * per_order + calibration
+                                                                     + (2 * n if p.concurrent else 0))
     return {"slots": n if p.concurrent else 1, "rounds": p.orders + 1 + bool(p.concurrent), "planned_requests": planned}
 
 
@@ -159,12 +164,25 @@ async def adapter_pairs(rq, state, who: list[Identity]) -> list[dict]:
             names = tuple(i.name for i in who)
             sent += [Sent(i, r, "concurrent", names, rerun=in_group(i)) for i, r in zip(who, group)]
         refs = {i.name: await cold_ref(i) for i in who}
+        if k == 0 and p.calibrate:
+            state.extra["fingerprint_tolerance"] = await _calibrate(book, who, send, sent, refs, p.concurrent)
         await book.judge_answers(refs, sent, cold_ref)
         history.append((memo, specs, refs))
     await _revisit(rq, state, book, who, sender, history)
     if p.concurrent:
         await _all_at_once_cold(rq, state, book, who, sender)
     return book.conclude()
+
+
+async def _calibrate(book: PairBook, who: list[Identity], send, sent: list[Sent], refs: dict, concurrent: bool) -> dict:
+    """The server's own noise on the first memo: each identity's repeat (alone) and, when the phase
+    sends identities at once, each identity twice at once (a batch that mixes nothing) against the
+    identity's cold reference. The tolerance judged with follows it (PairBook.calibrate)."""
+    clean = [(s.identity.name, s.record) for s in sent if s.step == "repeat"]
+    if concurrent:
+        for i in who:
+            clean += [(i.name, r) for r in await concurrently(send(i, arm="control"), send(i, arm="control"))]
+    return book.calibrate(refs, clean)
 
 
 async def _revisit(rq, state, book: PairBook, who: list[Identity], sender, history: list) -> None:

@@ -78,10 +78,12 @@ async def test_vllm_partition_catches_the_batched_base_request(vllm, tmp_path):
     with an adapter's weights. No cache is involved (nothing reused): the fingerprint catches it.
 
     The fault needs the base request in the same batch as adapter requests, which the scheduler
-    decides: seen in 1 run of 1 (2 leaks, 38 requests) and then missed in 1 of 1 (22 requests, the
-    base alone in its batch) on this machine. Both orders (more batches a run) and up to four runs,
-    the first that catches it judged."""
-    for attempt in range(4):
+    decides. Sent together, the base's first token is often computed alone (it reaches the engine
+    first) and only its later tokens with adapter weights: its answers then moved 0.34-0.53 nats,
+    under partition-quick's 0.5 (2 runs of 2 passed, 2026-12-01). The calibrated tolerance (0.05 on
+    this server, whose clean answers move 2e-5) caught every batched base request: 3 of 3 in each of
+    2 runs. Up to three runs, the first that catches it judged (a batch is the scheduler's choice)."""
+    for attempt in range(3):
         log = tmp_path / f"run-{attempt}.jsonl"
         result, report = await _run(vllm.url, _partition(tmp_path, concurrent=True, orders=2, salts=False), log)
         if result.code != 0:

@@ -308,3 +308,26 @@ def test_the_calibrated_tolerance_follows_the_servers_noise_within_the_scenarios
     assert calibrated_tolerance(0.5, []) == 0.5                                     # nothing measured
     assert calibrated_tolerance(0.5, [0.0, math.inf]) == 0.5                        # an answer unlike its state
     assert calibrated_tolerance(0.03, [0.0]) == 0.03                                # never above the scenario's
+
+
+def test_a_near_tie_explains_a_fingerprint_only_when_it_flips_inside_it():
+    from tui.core.checks.detectors import compare_logprobs, fingerprint_match, near_tie_explains
+
+    def pos(tok, lp, alt, alt_lp):
+        return [tok, lp, [[tok, lp], [alt, alt_lp]]]
+    cold = [pos("x", -0.1, "y", -3.0)] * 4 + [pos("p", -0.70, "q", -0.72)]
+    drifted = [pos("x", -0.1, "y", -2.1)] * 4 + [pos("q", -0.70, "p", -0.71)]     # 0.9 off, flip at 4
+    flipped = [pos("x", -0.1, "y", -3.0)] * 2 + [pos("y", -0.70, "x", -0.71)] + cold[3:]  # near tie at 2
+    cold_tie = [pos("x", -0.1, "y", -3.0)] * 2 + [pos("x", -0.70, "y", -0.71)] + cold[3:]
+    # the fingerprint is the first 4 tokens, all the same: 0.8 nats off, and a flip after it excuses nothing
+    window = fingerprint_match(drifted, cold, 4)
+    assert window.same_tokens and not window.matches(0.5) and window.distance == pytest.approx(0.9)
+    later = compare_logprobs(cold, drifted)
+    assert later.token == 4 and later.near_tie(0.5)          # the answer's flip is a near tie ...
+    assert not near_tie_explains(window, later, 0.5)         # ... which does not explain this fingerprint
+    # a near-tied flip inside the fingerprint, after agreeing log-probabilities: numerics
+    inside = fingerprint_match(flipped, cold_tie, 4)
+    assert not inside.same_tokens and inside.agreeing == 2
+    assert near_tie_explains(inside, compare_logprobs(cold_tie, flipped), 0.5)
+    # the same flip with a margin beyond the tolerance is not a near tie
+    assert not near_tie_explains(inside, compare_logprobs(cold_tie, flipped), 0.005)

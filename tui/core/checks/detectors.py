@@ -320,6 +320,16 @@ def classify_fingerprint(own: FingerprintMatch, others: dict[str, FingerprintMat
     return "mismatch", None
 
 
+def near_tie_explains(match: "FingerprintMatch", flip: LogprobComparison, tolerance: float) -> bool:
+    """A fingerprint that differs is numerics when a near-tied token flips *inside it*, after
+    log-probabilities that agreed within the tolerance. When every fingerprint token is the same
+    the deviation is in the log-probabilities themselves, and a flip later in the answer does not
+    explain it (CI, 2026-12-01: llama.cpp's base request resuming adapter b's cache, 12 tokens the
+    same and 0.93 nats apart, was excused by a 0.21-nat flip at output token 16)."""
+    return (not match.same_tokens and flip.token is not None and flip.token == match.agreeing
+            and flip.near_tie(tolerance))
+
+
 # The partition phase's tolerance, calibrated on the server's own noise: the largest deviation of
 # same-identity answers (repeats alone, and the identity twice at once) from the identity's cold
 # fingerprint, times CALIBRATION_FACTOR, at least CALIBRATION_FLOOR, never above the scenario's.

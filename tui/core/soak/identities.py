@@ -228,7 +228,7 @@ class PairBook:
         flip = detectors.compare_logprobs(own.completion.logprobs, run)
         base = dict(field=self.field, identity=s.identity.name, own_request=own.request, own_distance=mine.distance,
                     step=s.step, concurrent_with=[n for n in s.group if n != s.identity.name])
-        if flip.token is not None and flip.near_tie(tolerance):
+        if detectors.near_tie_explains(mine, flip, tolerance):
             self.rq.finding(self.state, "partition_leak", "info", s.record,
                             detail=f"{s.identity.describe()} flips a near-tied token at output token {flip.token} "
                                    f"({flip.margin:.4f} nats behind on its cold run): numerics, not another state",

@@ -252,7 +252,7 @@ class Judge:
         # agreed within the tolerance is numerics (prefill from cache runs other batch shapes), not a
         # wrong state: info, as in the determinism phase.
         flip = checks.compare_logprobs(own.logprobs, run)
-        if flip.token is not None and flip.near_tie(tolerance):
+        if checks.near_tie_explains(mine, flip, tolerance):
             self.rq.finding(state, "fingerprint_mismatch", "info", record,
                          detail=f"the hit flips a near-tied token at output token {flip.token} ({flip.margin:.4f} nats "
                                 f"behind on the cold path; log-probabilities before it agree to "

@@ -32,11 +32,16 @@ async def run(rq, state) -> None:
     cold = await rq.send(state, spec(rq.fresh_salt()), task="determinism", memo=memo, expect="cold",
                          judges=judges)
     # One unsalted send first: it writes the question's own blocks (or checkpoint), so the two hits
-    # that follow resume from exactly the same cached prefix and must agree with each other.
-    await rq.send(state, spec(None), task="determinism", memo=memo, expect="any", judges=judges)
+    # that follow resume from exactly the same cached prefix and must agree with each other. Behind
+    # a router they go straight to the replica that served it: the phase judges one engine's cache
+    # path, and a router that balances load sends a repeat anywhere (CI, 2026-12-01: vllm-router's
+    # power_of_two sent a repeat to the replica without the memo, and the phase proved nothing).
+    writer = await rq.send(state, spec(None), task="determinism", memo=memo, expect="any", judges=judges)
+    pin = writer.replica if rq.replicas is not None else None
     hits = []
     for _ in range(2):
-        record = await rq.send(state, spec(None), task="determinism", memo=memo, expect="hit", judges=judges)
+        record = await rq.send(state, spec(None), task="determinism", memo=memo, expect="hit", judges=judges,
+                               replica=pin)
         if record.hit:
             hits.append(record)
     cold_again = await rq.send(state, spec(rq.fresh_salt()), task="determinism", memo=memo, expect="cold",

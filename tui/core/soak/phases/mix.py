@@ -216,7 +216,7 @@ class Search:
                                                  agreeing=mine.agreeing, distance=mine.distance, closest=owner))
             if verdict != "match":
                 flip = checks.compare_logprobs(ref.completion.logprobs, run.completion.logprobs)
-                if flip.token is not None and flip.near_tie(self.rq.scenario.evidence.fingerprint_tolerance):
+                if checks.near_tie_explains(mine, flip, self.rq.scenario.evidence.fingerprint_tolerance):
                     self.coverage.near_ties += emit
                 else:
                     reasons.append(f"fingerprint ({verdict})")

@@ -238,7 +238,7 @@ def _against_cold(rq, record, control) -> list[tuple[str | None, int | None, str
         match = checks.fingerprint_match(record.completion.logprobs, control.completion.logprobs, e.fingerprint_tokens)
         if not match.matches(e.fingerprint_tolerance):
             flip = checks.compare_logprobs(control.completion.logprobs, record.completion.logprobs)
-            if flip.token is not None and flip.near_tie(e.fingerprint_tolerance):
+            if checks.near_tie_explains(match, flip, e.fingerprint_tolerance):
                 out.append((None, None, f"a near-tied token flips at output token {flip.token}: numerics"))
             else:
                 out.append(("fingerprint_mismatch", None, f"its greedy tokens and log-probabilities are off the cold "

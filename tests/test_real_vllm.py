@@ -6,6 +6,8 @@ answers are corrupted between client and server on hits.
 """
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -27,11 +29,20 @@ def vllm():
 
 
 async def test_quick_soak_passes_with_hits_proven(vllm, tmp_path):
-    log = tmp_path / "vllm-quick.jsonl"
-    result = await run_hitproof("run", "--attach", vllm.url, "--scenario", QUICK, "--headless",
-                                "--record", str(log), timeout=1800)
-    print(result.out[-3000:])
-    assert result.code == 0, result.out + result.err
+    """The quick soak on the real vLLM. Under .ci/run the README's first command has just run exactly
+    this soak (hitproof launching the embedded vLLM itself) and HITPROOF_QUICK_LOG names its log: that
+    run is judged here rather than a second identical one (4-5 minutes of the CI budget)."""
+    given = os.environ.get("HITPROOF_QUICK_LOG")
+    if given:
+        log = Path(given)
+        header = json.loads(log.read_text().splitlines()[0])
+        assert header["type"] == "header" and "quick" in header["tool"]["argv"], header
+    else:
+        log = tmp_path / "vllm-quick.jsonl"
+        result = await run_hitproof("run", "--attach", vllm.url, "--scenario", QUICK, "--headless",
+                                    "--record", str(log), timeout=1800)
+        print(result.out[-3000:])
+        assert result.code == 0, result.out + result.err
     report = report_json(log)
     assert report["verdict"] == "pass" and set(report["phases"]) == PHASES
     assert [f for f in report["findings"] if f["severity"] == "fail"] == []

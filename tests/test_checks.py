@@ -205,15 +205,15 @@ def test_fingerprint_exact_match_and_tolerance():
     assert not m.matches(0.45) and m.matches(0.5) and m.matches(1.0)
 
 
-def test_fingerprint_allows_one_spike_up_to_twice_the_tolerance():
+def test_fingerprint_allows_one_spike_up_to_three_times_the_tolerance():
     from tui.core.checks.detectors import fingerprint_match
     cold = _fp(*[("x", -0.1, {"x": -0.1, "y": -3.0})] * 12)
     # one runner-up moved 0.65 at the first token, the rest within 0.05 (llama.cpp's prefill split)
     spike = _fp(("x", -0.15, {"x": -0.15, "y": -2.35}), *[("x", -0.12, {"x": -0.12, "y": -3.05})] * 11)
     m = fingerprint_match(spike, cold, 12)
     assert (m.distance, m.second) == (0.65, 0.05) and m.matches(0.5)
-    # the same spike beyond twice the tolerance is a deviation
-    assert not m.matches(0.3)
+    # the same spike beyond three times the tolerance is a deviation
+    assert m.matches(0.22) and not m.matches(0.2)
     # two positions beyond the tolerance: a state that moves many tokens
     two = _fp(*[("x", -0.15, {"x": -0.15, "y": -2.35})] * 2, *[("x", -0.1, {"x": -0.1, "y": -3.0})] * 10)
     m = fingerprint_match(two, cold, 12)

@@ -240,14 +240,20 @@ def compare_logprobs(a: list[list], b: list[list]) -> LogprobComparison:
 ALTERNATIVE_FLOOR = -4.6
 
 # A fingerprint matches when at most one position deviates beyond the tolerance, and that one by at
-# most twice it. Why one spike is allowed: the clean llama.cpp quick soak in CI (2026-12-01) had a
+# most three times it. Why one spike is allowed: the clean llama.cpp quick soak in CI (2026-12-01) had a
 # hit whose first token's runner-up moved 0.65 nats (p 0.08 vs 0.04) with every other position
 # within 0.07, reproducibly (the hit's prefill split differs from the cold one); across 1,215 clean
 # llama.cpp comparisons here (Gemma and the tiny hybrids) the second-largest position deviated at
 # most 0.27 and the largest at most 0.65. A wrong state
 # moves many positions: the vLLM mixed-LoRA batch leak deviated 0.51-0.68 at two positions or more
 # in 7 of its 8 caught comparisons, and all llama.cpp and reference-server faults did.
-SPIKE_FACTOR = 2.0
+# Raised from 2.0 to 3.0 (2026-12-01, third session): the clean llama.cpp quick soak failed on a
+# conversation hit whose only deviation was one alternative above 1% at output token 8 (p 0.056 cold,
+# 0.020 on the hit: 1.01 nats; second-largest position 0.23, the chosen tokens within 0.06),
+# reproduced on 5 re-hits and never cold. The faults this project has caught move a second position
+# beyond the tolerance too (llama.cpp's base resuming adapter b's cache: 0.93 and 0.74), and the
+# partition phase on vLLM judges at its calibrated 0.05 (a spike may reach 0.15 there).
+SPIKE_FACTOR = 3.0
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,8 @@ def partition_rows(report: RunReport) -> tuple[list[list[str]], list[str]]:
     cal = phase.get("fingerprint_tolerance")
     if cal:
         noise = "not measured" if cal.get("noise") is None else f"{cal['noise']:.2g} nats"
+        if cal.get("unlike"):
+            noise += f", {cal['unlike']} unlike their own state: not calibrated"
         notes.append(f"partition: fingerprint tolerance {cal['used']:.2g} nats (this server's own noise {noise} on "
                      f"{cal['answers']} same-identity answers, x{cal['factor']:g}, at least {cal['floor']:g}, "
                      f"at most the scenario's {cal['scenario']:g})")

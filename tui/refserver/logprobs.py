@@ -19,11 +19,16 @@ from .model import VOCAB
 Entry = tuple[str, float, list[tuple[str, float]]]  # piece, logprob, top alternatives
 
 
-def compute(digest: bytes, pieces: list[str], k: int, jitter: random.Random | None) -> list[Entry]:
+def compute(digest: bytes, pieces: list[str], k: int, jitter: random.Random | None,
+            resume_cost: float = 0.0) -> list[Entry]:
+    """`resume_cost`: a hit's values move by up to that many nats, the same for every hit of the state."""
     entries: list[Entry] = []
     for i, piece in enumerate(pieces):
         rng = random.Random(hashlib.blake2b(digest + i.to_bytes(4, "big"), digest_size=8).digest())
         chosen = -rng.random() * 0.3
+        if resume_cost:
+            chosen -= random.Random(hashlib.blake2b(b"resume" + digest + i.to_bytes(4, "big"),
+                                                    digest_size=8).digest()).random() * resume_cost
         if jitter is not None:
             chosen -= jitter.random() * 0.002
         top = [(piece, round(chosen, 6))]

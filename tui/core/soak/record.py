@@ -17,7 +17,7 @@ from ..server.client import Completion, RequestSpec
 from ..checks.answers import ALL_JUDGES
 from ..config.scenario import Scenario
 from ..evidence.codes import Registry
-from ..log.events import Event
+from ..log.events import Event, ServerInfo
 from .proof import UNKNOWN, CacheProof
 
 DELTA_INTERVAL = 0.1          # seconds between coalesced answer deltas per request
@@ -113,10 +113,29 @@ def cached_words(proof: CacheProof) -> str:
         else f"at least {proof.low} cached tokens (by counter)"
 
 
+def prompt_text(spec: RequestSpec) -> str:
+    return spec.prompt if spec.prompt is not None else orjson.dumps(spec.messages).decode()
+
+
+def shared_chars(a: str, b: str) -> int:
+    """How many leading characters two prompts share."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n                        # binary search on the longest equal prefix
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def prompt_key(spec: RequestSpec) -> str:
     """The prompt and who computes it (model, adapter fields), not the salt: a salted re-send is the
     same prompt cold."""
-    body = spec.prompt if spec.prompt is not None else orjson.dumps(spec.messages).decode()
+    body = prompt_text(spec)
     if spec.extra:
         body += "\x00" + orjson.dumps(spec.extra, option=orjson.OPT_SORT_KEYS).decode()
     if spec.model:
@@ -129,8 +148,13 @@ class Sender(Protocol):
 
     scenario: Scenario
     registry: Registry
+    server: ServerInfo
 
     def emit(self, event: Event) -> Event: ...
+
+    def writer_of(self, record: Record) -> Record | None: ...
+
+    async def prefix_text(self, spec: RequestSpec, tokens: int) -> str | None: ...
 
     def fresh_salt(self) -> str: ...
 

@@ -17,11 +17,12 @@ from ..evidence.tokens import TokenCounter
 from ..log.events import Finding, MemoPlanted, RequestFinished, RequestStarted, RoundStarted
 from ..server.adapters import label_of
 from ..server.client import RequestSpec
+from ..server.prefix import prefix_text
 from .context import SoakContext
 from .judge import Judge
 from ..server.replicas import ROUTER_SEND_FAILED, Served, Signature, named_by_response
 from .proof import UNKNOWN, CacheProof, CounterWindows
-from .record import DeltaCoalescer, Record, concurrently
+from .record import DeltaCoalescer, Record, concurrently, prompt_text, shared_chars
 from .replica_proof import ReplicaWindows
 from .state import PhaseState
 
@@ -126,6 +127,27 @@ class Requester:
         if request is None:
             return None
         return self._flagged.get(request) or self._recent.get(request)
+
+    def writer_of(self, record: Record) -> Record | None:
+        """The earlier request most likely to have written the prefix a hit resumed from: under the same
+        salt (none, for the main arm) and identity, the one whose prompt shares the longest beginning
+        with the hit's (the latest of equals)."""
+        text, best, best_len = prompt_text(record.spec), None, 0
+        for other in (*self._flagged.values(), *self._recent.values()):
+            spec = other.spec
+            if other.request >= record.request or (spec.salt, spec.model, spec.extra, spec.api) != \
+                    (record.spec.salt, record.spec.model, record.spec.extra, record.spec.api):
+                continue
+            shared = shared_chars(prompt_text(spec), text)
+            if shared > best_len or shared == best_len and best is not None and other.request > best.request:
+                best, best_len = other, shared
+        return best
+
+    async def prefix_text(self, spec: RequestSpec, tokens: int) -> str | None:
+        """The beginning of a completions prompt that is exactly `tokens` tokens, by the server's tokenizer."""
+        if spec.prompt is None or self.replicas is not None:
+            return None
+        return await prefix_text(self.ctx.client, spec.prompt, spec.model or self.server.model, tokens)
 
     def _remember(self, record: Record) -> None:
         self._recent[record.request] = record

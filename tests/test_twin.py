@@ -1,0 +1,94 @@
+"""A hit judged against its twin (tui/core/soak/twin.py): the same prompt resumed at the same grid line,
+under one fresh salt, from a state its replayed writers computed.
+
+On the reference server: a correct server whose hits differ from a full prefill (`--resume-cost`, the
+arithmetic of vLLM's hybrid path resuming at a grid line) passes, each such hit an info `resume_cost`
+with its numbers; a wrong state on the main arm's hits only (a proxy, the twins right) and a wrong
+state on every hit (zero_state: the twin is as wrong, and as far from cold as another memo) fail."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from support.cli import ROOT, report_json, run_hitproof
+from support.corrupting_proxy import CorruptingProxy
+from tui.core.soak.twin import lineage
+from tui.refserver import start_refserver
+
+HYBRID = str(ROOT / "scenarios" / "hybrid-quick.toml")
+
+
+async def soak(url: str, log) -> tuple[int, dict, str]:
+    result = await run_hitproof("run", "--attach", url, "--scenario", HYBRID, "--headless", "--record", str(log))
+    return result.code, report_json(log), result.out + result.err
+
+
+async def test_a_correct_server_whose_hits_cost_arithmetic_passes(tmp_path):
+    handle = await start_refserver(port=0, resume_cost=0.2)
+    try:
+        code, report, out = await soak(handle.url, tmp_path / "resume.jsonl")
+    finally:
+        await handle.close()
+    assert code == 0, out
+    costs = [f for f in report["findings"] if f["kind"] == "resume_cost"]
+    assert costs and all(f["severity"] == "info" for f in costs)
+    for f in costs:
+        e = f["evidence"]
+        assert e["twin_verdict"] == "equals_twin" and e["twin_distance"] == 0.0
+        assert 0.05 < e["cold_distance"] <= 0.2
+        # sized against another memo once the run has one (the first phase has a single memo)
+        assert e["yardstick_agreeing"] is not None or f["phase"] == "cold_hit"
+        assert e["cold_reproduced"] == 5 and e["hit_reproduced"] == 5     # a deviation that reproduced
+    assert not [f for f in report["findings"] if f["severity"] == "fail"]
+
+
+async def test_a_wrong_state_on_the_main_arm_differs_from_its_twin(tmp_path):
+    handle = await start_refserver(port=0)
+    proxy = await CorruptingProxy(handle.url, "fp_alter_unsalted").start()
+    try:
+        code, report, out = await soak(proxy.url, tmp_path / "alter.jsonl")
+    finally:
+        await proxy.close()
+        await handle.close()
+    assert proxy.corrupted > 0 and code == 1, out
+    fails = [f for f in report["findings"] if f["kind"] == "fingerprint_mismatch" and f["severity"] == "fail"]
+    assert fails and all(f["evidence"]["twin_verdict"] == "differs_from_twin" for f in fails)
+    assert all(f["evidence"]["twins_distance"] == 0.0 and f["evidence"]["twin_distance"] > 0.05 for f in fails)
+
+
+@dataclass
+class FakeRecord:
+    request: int
+    prompt: str
+    hit: bool
+    spec: object = field(init=False)
+
+    def __post_init__(self):
+        from tui.core.server.client import RequestSpec
+        self.spec = RequestSpec(api="completions", max_tokens=4, prompt=self.prompt)
+
+
+class FakeSender:
+    """writer_of as the Requester answers it: the earlier request sharing the longest beginning."""
+
+    def __init__(self, records):
+        self.records = records
+
+    def writer_of(self, record):
+        earlier = [r for r in self.records if r.request < record.request]
+        shared = lambda r: next((i for i, (a, b) in enumerate(zip(r.prompt, record.prompt)) if a != b),  # noqa: E731
+                                min(len(r.prompt), len(record.prompt)))
+        return max(earlier, key=lambda r: (shared(r), r.request), default=None)
+
+
+def test_the_lineage_goes_back_to_the_cold_writer_oldest_first():
+    turn1 = FakeRecord(1, "memo|turn1", hit=False)
+    turn2 = FakeRecord(2, "memo|turn1|turn2", hit=True)
+    repeat2 = FakeRecord(3, "memo|turn1|turn2", hit=True)        # a re-hit of turn 2 adds nothing
+    turn3 = FakeRecord(4, "memo|turn1|turn2|turn3", hit=True)
+    hit = FakeRecord(5, "memo|turn1|turn2|turn3|turn4", hit=True)
+    sender = FakeSender([turn1, turn2, repeat2, turn3, hit])
+    assert [r.request for r in lineage(sender, hit)] == [1, 3, 4]
+    assert lineage(sender, turn1) == []
+    repeat = FakeRecord(6, "memo|turn1", hit=True)              # a full repeat: its writer has its prompt
+    assert lineage(FakeSender([turn1, repeat]), repeat) == []

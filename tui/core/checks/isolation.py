@@ -28,6 +28,7 @@ NOT_ISOLATED = {
     "fingerprint_indistinct": "two memos looking alike is about the evidence, not about one answer",
     "fingerprint_unavailable": "there is nothing to compare without log-probabilities",
     "resume_cost": "a hit equal to its twin restored the right state; its distance from cold is arithmetic",
+    "reuse_short": "reusing less than the grid promises is the server's bookkeeping, not the answer",
     "twin_unavailable": "the server could not resume the prompt at the hit's grid line under a fresh salt",
     "acceptance_collapse": "acceptance is measured over a whole turn of the replay",
     "server_error": "the server failed; there is no answer to re-send",

@@ -11,6 +11,8 @@ ignored is slow on every hit, so the retimed hits still show it.
 
 from __future__ import annotations
 
+from ..reuse import repeat_for_reuse
+
 TITLE = "cold → hit"
 RETIMES = 2                   # identical hits timed again before a slow hit is a warning
 
@@ -23,7 +25,8 @@ async def run(rq, state) -> None:
     memo, fresh = await rq.shared_memo(state)
     spec = rq.question(memo.text, "recall")
     cold = await rq.send(state, spec, task="recall", memo=memo, expect="cold" if fresh else "any")
-    hit = await rq.send(state, spec, task="recall", memo=memo, expect="hit")
+    hit = await repeat_for_reuse(rq, state, await rq.send(state, spec, task="recall", memo=memo, expect="hit"),
+                                 what="the identical repeat")
     if not hit.hit:
         why = "reported 0 cached tokens" if hit.cached == 0 else "has no proven cache hit (cached tokens unknown)"
         state.mark_inconclusive(f"the identical repeat {why}")

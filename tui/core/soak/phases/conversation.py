@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ...evidence.text import RECALL_ANSWER_LEAD, RECALL_QUESTION
 from ..proof import rises
+from ..reuse import grid_promises, promised_extension, report_short, short_of
 
 TITLE = "conversation"
 
@@ -27,6 +28,14 @@ def judge_rise(rq, state, previous, record, turn: int) -> None:
     said = f"{_words(previous.proof)} -> {_words(record.proof)}"
     if rose is None:
         state.mark_inconclusive(f"cached tokens not proven to rise at turn {turn} ({said})")
+        return
+    promised = promised_extension(previous.completion.prompt_tokens, rq.server.grid) if grid_promises(rq) else None
+    if record.hit and short_of(record, promised) and previous.cached is not None and promised > previous.cached:
+        # the grid promised a rise and the engine resumed at the turn before's line: a reuse loss; the
+        # phase is proven only if a later turn rises past it (judged there)
+        report_short(rq, state, record, what=f"turn {turn}", prompt_tokens=previous.completion.prompt_tokens,
+                     promised=promised)
+        state.extra.setdefault("turns_short", []).append(turn)
         return
     state.mark_inconclusive(f"cached tokens did not rise at turn {turn} ({said})")
     rq.finding(state, "no_hits", "warn", record, detail=f"turn {turn}: cached tokens did not rise ({said})")
@@ -86,3 +95,8 @@ async def run(rq, state) -> None:
             last_on[record.replica] = record
         cached_by_turn.append(record.cached)
     state.extra["cached_by_turn"] = cached_by_turn
+    for turn in state.extra.get("turns_short", []):      # turn t is cached_by_turn[t - 1]
+        stuck = cached_by_turn[turn - 1]
+        if not any(c is not None and c > stuck for c in cached_by_turn[turn:]):
+            state.mark_inconclusive(f"cached tokens did not rise after turn {turn} ({stuck}): the engine kept "
+                                    f"no state past that grid line")

@@ -6,6 +6,7 @@ with both times (the same judgement as cold_hit's).
 
 from __future__ import annotations
 
+from ..reuse import repeat_for_reuse
 from .cold_hit import judge_hit_claims
 
 TITLE = "long prompt"
@@ -20,7 +21,8 @@ async def run(rq, state) -> None:
     rq.long_memo = memo
     spec = rq.question(memo.text, "recall")
     cold = await rq.send(state, spec, task="recall", memo=memo, expect="cold")
-    hit = await rq.send(state, spec, task="recall", memo=memo, expect="hit")
+    hit = await repeat_for_reuse(rq, state, await rq.send(state, spec, task="recall", memo=memo, expect="hit"),
+                                 what="the long prompt's repeat")
     if not hit.hit:
         why = "reported 0 cached tokens" if hit.cached == 0 else "has no proven cache hit (cached tokens unknown)"
         state.mark_inconclusive(f"the long prompt's repeat {why}")

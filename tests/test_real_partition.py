@@ -8,12 +8,10 @@ here, each a test: vLLM's CPU LoRA computes a base request batched with adapter 
 adapter's weights; llama.cpp reuses an adapter's slot cache for a request that names no adapter.
 """
 
-import json
 
 import pytest
 
 from support.cli import ROOT, report_json, run_hitproof, scenario
-from support.corrupting_proxy import CorruptingProxy
 from support.servers import BackgroundServer
 
 pytestmark = pytest.mark.realserver
@@ -104,19 +102,6 @@ async def test_vllm_partition_catches_the_batched_base_request(vllm, tmp_path):
     assert all(f["evidence"]["step"] in ("concurrent", "concurrent_cold") for f in leaks), leaks
 
 
-async def test_vllm_partition_catches_a_proxy_giving_b_the_answer_of_a(vllm, tmp_path):
-    proxy = await CorruptingProxy(vllm.url, "lora_swap").start()
-    try:
-        result, report = await _run(proxy.url, _partition(tmp_path, concurrent=False, salts=False),
-                                    tmp_path / "run.jsonl")
-    finally:
-        await proxy.close()
-    assert proxy.corrupted >= 1
-    assert result.code == 1, result.out + result.err
-    leaks = _leaks(report)
-    assert leaks and all(f["evidence"]["identity"] == "b" and f["evidence"]["owner"] == "a" for f in leaks), leaks
-
-
 async def test_vllm_eviction_small_cache_evicts_every_memo_and_passes(vllm, tmp_path):
     result, report = await _run(vllm.url, str(ROOT / "scenarios" / "eviction-quick.toml"), tmp_path / "run.jsonl")
     assert result.code == 0, result.out + result.err
@@ -128,38 +113,7 @@ async def test_vllm_eviction_small_cache_evicts_every_memo_and_passes(vllm, tmp_
     assert any(p["kv_usage_max"] for p in phase["passes"])
 
 
-async def test_vllm_eviction_catches_a_proxy_corrupting_readmitted_hits(vllm, tmp_path):
-    text = EVICTION.replace("cycles = 2", "cycles = 1")
-    proxy = await CorruptingProxy(vllm.url, "readmitted", limit=3).start()   # each caught hit costs cold controls
-    try:
-        result, report = await _run(proxy.url, str(scenario(tmp_path, text, "eviction.toml")), tmp_path / "run.jsonl")
-    finally:
-        await proxy.close()
-    assert proxy.corrupted == 3          # (the judge's hit-path re-sends of a caught hit are re-admitted hits too)
-    assert result.code == 1, result.out + result.err
-    fails = [f for f in report["findings"] if f["severity"] == "fail"]
-    assert {f["kind"] for f in fails} & {"foreign_code", "recall_miss"}, fails
-    assert all(f["phase"] == "eviction" for f in fails)
-    events = {(e["type"], e.get("request")): e for e in map(json.loads, (tmp_path / "run.jsonl").read_text().splitlines())}
-    assert all(events[("request_end", f["request"])]["cached_tokens"] > 0 for f in fails)   # re-admitted hits only
-
-
 # --- llama.cpp ---------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def llamacpp():
-    server = BackgroundServer("llamacpp", lora=True).start()
-    yield server
-    server.stop()
-
-
-async def test_llamacpp_partition_passes_clean_with_the_base_named(llamacpp, tmp_path):
-    result, report = await _run(llamacpp.url, _partition(tmp_path, concurrent=True), tmp_path / "run.jsonl")
-    assert result.code == 0, result.out + result.err
-    assert [n["field"] for n in report["phases"]["partition"]["not_tried"]] == ["cache_salt"]  # llama.cpp has none
-    _assert_proven(report, "lora", 3)
-    assert not _leaks(report)
-
 
 async def test_llamacpp_partition_catches_the_base_without_a_lora_field(tmp_path):
     """llama.cpp (NOTES-lora-drafter.md): a request with no `lora` list keeps the slot's cache computed
@@ -178,13 +132,3 @@ async def test_llamacpp_partition_catches_the_base_without_a_lora_field(tmp_path
     assert all(f["evidence"]["via"] == "cache" and f["evidence"]["cached_tokens"] > 0 for f in leaks), leaks
 
 
-async def test_llamacpp_partition_catches_a_proxy_giving_b_the_answer_of_a(llamacpp, tmp_path):
-    proxy = await CorruptingProxy(llamacpp.url, "lora_swap").start()
-    try:
-        result, report = await _run(proxy.url, _partition(tmp_path, concurrent=False), tmp_path / "run.jsonl")
-    finally:
-        await proxy.close()
-    assert proxy.corrupted >= 1
-    assert result.code == 1, result.out + result.err
-    leaks = _leaks(report)
-    assert leaks and all(f["evidence"]["identity"] == "b" and f["evidence"]["owner"] == "a" for f in leaks), leaks

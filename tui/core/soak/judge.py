@@ -31,7 +31,6 @@ class Judge:
         self.fingerprints = FingerprintBook(e.fingerprint_tokens, e.fingerprint_tolerance, e.fingerprint_margin)
         self._fingerprint_notes: set[str] = set()
         self.twins = TwinJudge(rq, self.fingerprints)
-        self.cold_problem_kinds: set[str] = set()    # hit-path problems the model showed on a proven-cold path
 
     async def judge(self, state: PhaseState, record: Record, expect: str, judges: tuple[str, ...],
                     control: bool = True, fingerprints: bool = True) -> None:
@@ -100,7 +99,6 @@ class Judge:
     def _on_cold(self, state: PhaseState, record: Record, expect: str, problems: list, single_groups: list) -> None:
         """Problems on a cold request are the model's, never the cache's."""
         state.cold_failures += bool(problems)
-        self.cold_problem_kinds.update(kind for kind, _, _ in problems)
         # A model that cannot give its own code back cold proves nothing by recall; one that
         # loops or stops on its own still leaves the other evidence (codes elsewhere, fingerprints).
         if expect == "cold" and any(kind == "recall_miss" for kind, _, _ in problems):
@@ -119,8 +117,6 @@ class Judge:
         """Fail-class only where the hit is wrong and the cold control right; info where both are wrong."""
         control_problems = {kind for kind, _, _ in hit_path_problems(control.checks)}
         control_cold = control.cold
-        if control_cold:
-            self.cold_problem_kinds |= control_problems
         for foreign in control.checks.get("foreign", []):
             if foreign["groups"] >= 2:
                 self.rq.finding(state, "foreign_code", "fail", control, offset=foreign["offset"],
@@ -140,7 +136,7 @@ class Judge:
                 self.rq.finding(state, kind, "info", record, offset=offset,
                                 detail=f"{detail}; the cold control (request {control.request}) fails the same "
                                        f"way: the model, not the cache", control_request=control.request)
-            elif record.hit and self._model_may(record, kind) and await self.twins.same_problem(state, record, kind):
+            elif record.hit and self._model_may(record) and await self.twins.same_problem(state, record, kind):
                 state.model_failures += 1       # resuming at a grid line leads the model there too
             else:
                 self.rq.finding(state, kind, "fail" if record.hit else "warn", record, offset=offset,
@@ -149,13 +145,14 @@ class Judge:
                                 control_request=control.request, cached_tokens=record.proof.low,
                                 control_text=control.text[:400])
 
-    def _model_may(self, record: Record, kind: str) -> bool:
-        """The model is known to go there on its own: it did on a proven-cold path in this run, or this
-        hit took the other side of a near tie (from there on, another greedy path of the same state).
-        Only then may a twin excuse a hit-path problem: a restore wrong on every hit makes its twin as
-        wrong, but not the model wrong on cold paths (the reference server's repeat_token)."""
-        near_tie = (record.checks.get("fingerprint") or {}).get("near_tie_token") is not None
-        return near_tie or kind in self.cold_problem_kinds
+    @staticmethod
+    def _model_may(record: Record) -> bool:
+        """This hit took the other side of a near tie (its fingerprint says so): from there on its text is
+        another greedy path of the same state, and a loop or a miss on it may be the model's. Only then
+        may a twin excuse a hit-path problem: a restore wrong on every hit makes its twin as wrong too
+        (the reference server's repeat_token, a proxy replacing every hit's answer), and a weak model
+        that loops cold as well (Gemma 3 270M base) is no excuse for a hit whose state is not shown right."""
+        return (record.checks.get("fingerprint") or {}).get("near_tie_token") is not None
 
     def _single_group(self, state: PhaseState, record: Record, foreign: dict, control: Record | None) -> None:
         """One four-digit group of another memo's code: a mixed state, or a number the model wrote

@@ -80,6 +80,16 @@ class TwinJudge:
         if vs_twin.matches(tolerance):
             self._resume_cost(state, record, twin, mine, vs_twin, yard, facts)
             return True
+        if not twin.exact:
+            # its writers did not all resume where theirs did: the twin's state took another path
+            state.mark_inconclusive(f"request {record.request} differs from a twin whose writers resumed elsewhere "
+                                    f"than the originals")
+            self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict="twin_inexact",
+                            detail=f"the hit differs from its twin (request {twin.record.request}, "
+                                   f"{vs_twin.distance:.4f} apart), but the twin's writers did not all resume where "
+                                   f"the hit's did (the originals reused less than the grid promised): not told "
+                                   f"apart", **facts)
+            return True
         second = await make_twin(self.rq, state, record)
         if second.record is None or not second.record.completion.logprobs:
             state.mark_inconclusive(f"request {record.request} differs from its twin, and no second twin could be "

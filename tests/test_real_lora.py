@@ -74,8 +74,25 @@ def test_llamacpp_same_adapter_repeat_hits_and_reproduces(llamacpp_lora, memo):
         cold = complete(llamacpp_lora.url, "llamacpp", p, adapter=name, lora_on=True, max_tokens=20)
         hit = complete(llamacpp_lora.url, "llamacpp", p, adapter=name, lora_on=True, max_tokens=20)
         assert cold.cached == 0 and hit.cached >= hit.prompt_tokens - 2, (name, cold.cached, hit.cached)
-        assert hit.text == cold.text, (name, cold.text, hit.text)
-        assert code in hit.text, (name, hit.text)    # each adapted model still recalls the code
+        assert code in hit.text and code in cold.text, (name, cold.text, hit.text)   # each still recalls the code
+        assert hit.text == cold.text or _near_tie_flip(cold, hit), (name, cold.text, hit.text, cold.top5, hit.top5)
+
+
+# A hit may take the other side of a near tie after the code: measured 2026-12-02 on a CPU without AMX
+# (llama.cpp repacks weights there; the AMX machines this test was first run on use --no-repack): adapter
+# a's hit wrote "(repeat b" where its cold run wrote "Question: What", the same tokens up to the line
+# after the code (one CI run of two here; the next run of the test gave the same text both ways).
+NEAR_TIE = 0.5       # nats: llama.cpp Gemma Q4_K moves up to 0.41 between clean cold and hit runs (partition)
+
+
+def _near_tie_flip(cold, hit) -> bool:
+    """The same tokens up to the first difference, log-probabilities within NEAR_TIE there, and the hit's
+    token in the cold run's top 5 within NEAR_TIE of its choice."""
+    i = next((k for k, (a, b) in enumerate(zip(cold.tokens, hit.tokens)) if a != b), None)
+    if i is None or max_logprob_diff(cold, hit) > NEAR_TIE:
+        return False
+    chosen, alternatives = cold.top5[i].get(cold.tokens[i]), cold.top5[i]
+    return chosen is not None and hit.tokens[i] in alternatives and chosen - alternatives[hit.tokens[i]] <= NEAR_TIE
 
 
 def test_llamacpp_adapter_change_drops_the_cache(llamacpp_lora, memo):

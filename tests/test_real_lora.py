@@ -79,9 +79,10 @@ def test_llamacpp_same_adapter_repeat_hits_and_reproduces(llamacpp_lora, memo):
 
 
 # A hit may take the other side of a near tie after the code: measured 2026-12-02 on a CPU without AMX
-# (llama.cpp repacks weights there; the AMX machines this test was first run on use --no-repack): adapter
-# a's hit wrote "(repeat b" where its cold run wrote "Question: What", the same tokens up to the line
-# after the code (one CI run of two here; the next run of the test gave the same text both ways).
+# (llama.cpp repacks weights there; the AMX machines this test was first run on use --no-repack): in 3 of
+# 18 cold/hit pairs (6 prompts x 3 identities, one server) the hit and its cold run parted at token 17,
+# the line after the code ("Question" vs "("), 0.04-0.12 nats apart in the cold run's top 5, the
+# log-probabilities before it within 0.20-0.38. CI failed on one of them (adapter a).
 NEAR_TIE = 0.5       # nats: llama.cpp Gemma Q4_K moves up to 0.41 between clean cold and hit runs (partition)
 
 

@@ -52,6 +52,8 @@ def _venv() -> Path:
 
 
 def prepare(model: str, progress: Progress) -> None:
+    if model not in MODELS:
+        raise SetupError(f"unknown model {model!r} for {ENGINE}; known: {', '.join(MODELS)}")
     if tiny.is_tiny(model):
         # llama.cpp itself with the same steps (and markers) as for the default model, then
         # the tiny model under its own lock: a minute or two the first time, instant later.

@@ -49,6 +49,8 @@ def _hf_dir(model: str) -> Path:
 
 
 def prepare(model: str, progress: Progress) -> None:
+    if model not in MODELS:
+        raise SetupError(f"unknown model {model!r} for {ENGINE}; known: {', '.join(MODELS)}")
     if tiny_vllm.is_tiny(model):
         # vLLM itself with the same steps (and markers) as for the default model, then the tiny
         # hybrid's Hugging Face folder under the tiny models' own lock.

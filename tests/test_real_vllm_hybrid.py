@@ -73,6 +73,7 @@ memo_tokens = 1200
 @pytest.mark.parametrize("mode,kind,verdict", [
     ("fp_foreign", "foreign_state", None),                          # another memo's answer on a hit
     ("fp_alter_unsalted", "fingerprint_mismatch", "differs_from_twin"),   # a wrong state; the twins right
+    ("fp_alter", "fingerprint_mismatch", "far_with_twin"),       # every hit 0.3 off, the twins' too
 ])
 async def test_wrong_states_on_hits_are_fail_class(bf16, tmp_path, mode, kind, verdict):
     proxy = await CorruptingProxy(bf16.url, mode).start()

@@ -32,14 +32,14 @@ async def soak_refserver(log, **options) -> tuple[int, dict, str]:
 
 
 async def test_a_correct_server_whose_hits_cost_arithmetic_passes(tmp_path):
-    code, report, out = await soak_refserver(tmp_path / "resume.jsonl", resume_cost=0.2)
+    code, report, out = await soak_refserver(tmp_path / "resume.jsonl", resume_cost=0.15)
     assert code == 0, out
     costs = [f for f in report["findings"] if f["kind"] == "resume_cost"]
     assert costs and all(f["severity"] == "info" for f in costs)
     for f in costs:
         e = f["evidence"]
         assert e["twin_verdict"] == "equals_twin" and e["twin_distance"] == 0.0
-        assert 0.05 < e["cold_distance"] <= 0.2
+        assert 0.05 < e["cold_distance"] <= 0.15
         # sized against another memo once the run has one (the first phase has a single memo)
         assert e["yardstick_agreeing"] is not None or f["phase"] == "cold_hit"
         assert e["cold_reproduced"] == 5 and e["hit_reproduced"] == 5     # a deviation that reproduced
@@ -133,3 +133,6 @@ def test_a_resume_cost_is_far_only_against_a_prompt_it_can_be_measured_by():
     assert is_far(FingerprintMatch(0, False, 0.4, 0.0), FingerprintMatch(1, False, 0.3, 0.1))   # parts as early
     assert not is_far(FingerprintMatch(5, False, 0.4, 0.1), FingerprintMatch(1, False, 0.3, 0.1))
     assert not is_far(correct, None)
+    # every position 0.3 nats off (a proxy shifting every hit, the twin's too): beyond 4 x 0.05
+    assert is_far(FingerprintMatch(12, True, 0.3, 0.3), None, 0.05)
+    assert not is_far(FingerprintMatch(12, True, 0.98, 0.048), None, 0.05)    # one spike, measured clean

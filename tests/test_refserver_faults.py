@@ -76,7 +76,6 @@ async def test_fingerprint_evidence_without_codes(tmp_path, fault, code, kind):
         # as far from a full prefill as another memo -> still fail-class, the twin said so
         found = [f for f in report["findings"] if f["kind"] == "fingerprint_mismatch" and f["severity"] == "fail"]
         assert found and all(f["evidence"]["twin_verdict"] == "far_with_twin" for f in found)
-        assert all(f["evidence"]["twin_distance"] <= 0.05 and f["evidence"]["yardstick_agreeing"] is not None
-                   for f in found)
+        assert all(f["evidence"]["twin_distance"] <= 0.05 for f in found)     # the twin as wrong as the hit
     if fault == "wording_drift":
         assert "fingerprint_mismatch" in kinds(report, "info")

@@ -16,10 +16,11 @@ from test_real_partition import EVICTION, _assert_proven, _leaks, _partition, _r
 pytestmark = pytest.mark.realserver
 
 
-async def test_vllm_partition_catches_a_proxy_giving_b_the_answer_of_a(vllm, tmp_path):
-    proxy = await CorruptingProxy(vllm.url, "lora_swap").start()
+async def _lora_swap_is_caught(url: str, tmp_path, **partition) -> None:
+    """A proxy answering adapter b with adapter a's last answer to the same prompt: a partition leak of b."""
+    proxy = await CorruptingProxy(url, "lora_swap").start()
     try:
-        result, report = await _run(proxy.url, _partition(tmp_path, concurrent=False, salts=False),
+        result, report = await _run(proxy.url, _partition(tmp_path, concurrent=False, **partition),
                                     tmp_path / "run.jsonl")
     finally:
         await proxy.close()
@@ -27,6 +28,10 @@ async def test_vllm_partition_catches_a_proxy_giving_b_the_answer_of_a(vllm, tmp
     assert result.code == 1, result.out + result.err
     leaks = _leaks(report)
     assert leaks and all(f["evidence"]["identity"] == "b" and f["evidence"]["owner"] == "a" for f in leaks), leaks
+
+
+async def test_vllm_partition_catches_a_proxy_giving_b_the_answer_of_a(vllm, tmp_path):
+    await _lora_swap_is_caught(vllm.url, tmp_path, salts=False)
 
 
 async def test_vllm_eviction_catches_a_proxy_corrupting_readmitted_hits(vllm, tmp_path):
@@ -61,12 +66,4 @@ async def test_llamacpp_partition_passes_clean_with_the_base_named(llamacpp, tmp
 
 
 async def test_llamacpp_partition_catches_a_proxy_giving_b_the_answer_of_a(llamacpp, tmp_path):
-    proxy = await CorruptingProxy(llamacpp.url, "lora_swap").start()
-    try:
-        result, report = await _run(proxy.url, _partition(tmp_path, concurrent=False), tmp_path / "run.jsonl")
-    finally:
-        await proxy.close()
-    assert proxy.corrupted >= 1
-    assert result.code == 1, result.out + result.err
-    leaks = _leaks(report)
-    assert leaks and all(f["evidence"]["identity"] == "b" and f["evidence"]["owner"] == "a" for f in leaks), leaks
+    await _lora_swap_is_caught(llamacpp.url, tmp_path)

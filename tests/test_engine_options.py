@@ -8,7 +8,7 @@ import pytest
 from tui.embedded import llamacpp as llamacpp_mod
 
 from tui import embedded as engines
-from tui.embedded import lora
+from tui.embedded import lora_adapters
 
 
 @pytest.fixture
@@ -32,10 +32,10 @@ def cache(tmp_path, monkeypatch):
 def _make_adapters(cache):
     info = {}
     for name in ("a", "b"):
-        lora.peft_dir(name).mkdir(parents=True)
-        (lora.peft_dir(name) / "adapter_model.safetensors").write_bytes(b"x")
-        lora.gguf_path(name).write_bytes(b"GGUF")
-        info[name] = {"gguf": str(lora.gguf_path(name)), "seed": lora.SEEDS[name]}
+        lora_adapters.peft_dir(name).mkdir(parents=True)
+        (lora_adapters.peft_dir(name) / "adapter_model.safetensors").write_bytes(b"x")
+        lora_adapters.gguf_path(name).write_bytes(b"GGUF")
+        info[name] = {"gguf": str(lora_adapters.gguf_path(name)), "seed": lora_adapters.SEEDS[name]}
     (cache / "lora").mkdir()
     (cache / "lora" / "info.json").write_text(json.dumps({"peft": "0.21.2", **info}))
 
@@ -60,21 +60,22 @@ def test_lora_options(cache):
     _make_adapters(cache)
     v = engines.launch_spec("vllm", port=8004, lora=True)
     i = v.argv.index("--lora-modules")
-    assert v.argv[i + 1:i + 3] == [f"a={lora.peft_dir('a')}", f"b={lora.peft_dir('b')}"]
+    assert v.argv[i + 1:i + 3] == [f"a={lora_adapters.peft_dir('a')}", f"b={lora_adapters.peft_dir('b')}"]
     assert v.argv[v.argv.index("--max-lora-rank") + 1] == "8" and "--enable-lora" in v.argv
     ll = engines.launch_spec("llamacpp", port=8005, lora=True)
     assert ll.argv.count("--lora-scaled") == 1 and "--lora" not in ll.argv   # one list: the last --lora wins
-    assert ll.argv[ll.argv.index("--lora-scaled") + 1] == f"{lora.gguf_path('a')}:0,{lora.gguf_path('b')}:0"
+    a, b = lora_adapters.gguf_path("a"), lora_adapters.gguf_path("b")
+    assert ll.argv[ll.argv.index("--lora-scaled") + 1] == f"{a}:0,{b}:0"
     assert ll.facts["lora_ids"] == {"a": 0, "b": 1}
 
 
 def test_request_fields_choose_adapters():
-    assert lora.request_fields("vllm", "a") == {"model": "a"}
-    assert lora.request_fields("vllm", None) == {"model": "gemma3-270m"}
-    assert lora.request_fields("llamacpp", "b")["lora"] == [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 1.0}]
-    assert lora.request_fields("llamacpp", None)["lora"] == [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]
+    assert lora_adapters.request_fields("vllm", "a") == {"model": "a"}
+    assert lora_adapters.request_fields("vllm", None) == {"model": "gemma3-270m"}
+    assert lora_adapters.request_fields("llamacpp", "b")["lora"] == [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 1.0}]
+    assert lora_adapters.request_fields("llamacpp", None)["lora"] == [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]
     with pytest.raises(ValueError, match="unknown adapter 'c'"):
-        lora.request_fields("vllm", "c")
+        lora_adapters.request_fields("vllm", "c")
 
 
 def test_drafter_small_cache_and_extra_args(cache, monkeypatch):

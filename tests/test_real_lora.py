@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from support.servers import BackgroundServer
-from tui.embedded import lora
+from tui.embedded import lora_adapters
 from tui.embedded.measure_lora_drafter import (
     SHORT_PROMPT, complete, max_logprob_diff, memo_prompts, tokens_differ,
 )
@@ -56,7 +56,7 @@ def _distinct(url: str, engine: str) -> dict:
 def test_llamacpp_lists_both_adapters_off_by_default(llamacpp_lora):
     listed = httpx.get(llamacpp_lora.url + "/lora-adapters", timeout=30).json()
     assert [(e["id"], e["scale"]) for e in listed] == [(0, 0.0), (1, 0.0)]
-    assert [e["path"] for e in listed] == [lora.gguf_path("a").as_posix(), lora.gguf_path("b").as_posix()]
+    assert [e["path"] for e in listed] == [lora_adapters.gguf_path(n).as_posix() for n in ("a", "b")]
     # without a `lora` field a request gets the default set: both at scale 0, the base model
     base = complete(llamacpp_lora.url, "llamacpp", SHORT_PROMPT, adapter=None, lora_on=True, cache=False)
     default = complete(llamacpp_lora.url, "llamacpp", SHORT_PROMPT, lora_on=False, cache=False)

@@ -9,7 +9,10 @@ log-probabilities differ clearly from the base model and between the two adapter
 adapted model still writes text and still recalls a code planted in a ~1,000-token memo.
 
     prepare(progress)        # idempotent: vLLM setup, PEFT, adapters, GGUF conversion, a check
-    adapters()               # {"a": Adapter(...), "b": Adapter(...)} once prepared
+    adapters()               # {"a": Adapter(...), "b": Adapter(...)} once prepared (lora_adapters.py)
+
+What the engines need of the made adapters (recipe, paths, facts, request fields) is in
+lora_adapters.py, which the engines import; this module is the setup that makes them, on top of vllm.py.
 
 Products (under cache_dir()/models, so profiles reach them as {models}/...):
 - gemma3-270m-lora-a/, gemma3-270m-lora-b/: PEFT folders for vLLM (`--lora-modules a=DIR b=DIR`);
@@ -24,59 +27,25 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import tiny, vllm
-from .common import Progress, Setup, SetupError, Step, cache_dir, engine_home, read_info, venv_python, write_info
+from .common import Progress, Setup, SetupError, Step, read_info, venv_python, write_info
+from .lora_adapters import ALPHA, HOME, MODEL, RANK, SEEDS, STRENGTH, gguf_path, home, info, peft_dir
+# Re-exported for this module's older callers (llamacpp.py, measure_lora_drafter.py); new code reads
+# the made adapters from lora_adapters.py.
+from .lora_adapters import Adapter, adapters, facts, request_fields  # noqa: F401
 
-HOME = "lora"
-MODEL = "gemma3-270m"  # the only model the adapters are made for
 PEFT = "peft==0.21.2"  # pinned: the adapters are a function of the seed, the recipe and these versions
 RECIPE = "lora-recipe-1"  # bump when lora_build.py changes what it makes
 BUILDER = Path(__file__).parent / "lora_build.py"
-RANK = 8
-ALPHA = 8  # scaling alpha / rank = 1: the strength alone sets how far the output moves
-# B's standard deviation is STRENGTH / sqrt(rank), A's 1 / sqrt(in_features). Measured on Gemma 3
-# 270M (NOTES-lora-drafter.md): 0.05 changes greedy text and moves top-5 log-probabilities by 1.3-2.7
-# while both adapters still recall planted codes; 0.2 makes the model babble ("1:1:1:1").
-STRENGTH = 0.05
-SEEDS = {"a": 1, "b": 2}
 # The setup's own check: a plain prompt on which base, a and b must give three different greedy texts.
 CHECK_PROMPT = "The history of the city of Lyon begins"
 CHECK_TOKENS = 12
 
 
-@dataclass(frozen=True)
-class Adapter:
-    name: str  # "a" | "b": vLLM's served LoRA name, and the llama.cpp adapter id order
-    llamacpp_id: int  # position in llama-server's --lora list
-    peft_dir: str
-    gguf: str
-    seed: int
-
-
-def home() -> Path:
-    return engine_home(HOME)
-
-
-def peft_dir(name: str) -> Path:
-    return cache_dir() / "models" / f"{MODEL}-lora-{name}"
-
-
-def gguf_path(name: str) -> Path:
-    return cache_dir() / "models" / f"{MODEL}-lora-{name}-f32.gguf"
-
-
 def _converter() -> Path:
     return home() / "llama.cpp"  # convert_lora_to_gguf.py, conversion/, gguf-py/ from the sdist
-
-
-def _info() -> dict:
-    try:
-        return read_info(HOME)
-    except SetupError:
-        return {}
 
 
 def _peft_installed(venv: Path) -> bool:
@@ -97,9 +66,9 @@ def prepare(progress: Progress, *, model: str = MODEL) -> None:
         def install() -> None:
             s.pip("install PEFT", venv, "install", PEFT)
             version = s.python("install PEFT", venv, "import peft; print(peft.__version__)")
-            info = _info()
-            info["peft"] = version
-            write_info(HOME, info)
+            record = info()
+            record["peft"] = version
+            write_info(HOME, record)
 
         def fetch() -> None:
             tiny._fetch_converter(s, "fetch llama.cpp converter", venv, conv)
@@ -116,9 +85,9 @@ def prepare(progress: Progress, *, model: str = MODEL) -> None:
                     "--alpha", str(ALPHA), "--strength", str(STRENGTH)])
                 shutil.rmtree(out, ignore_errors=True)
                 partial.rename(out)
-                info = _info()
-                info[name] = {**result, "peft_dir": str(out), "seed": seed}
-                write_info(HOME, info)
+                record = info()
+                record[name] = {**result, "peft_dir": str(out), "seed": seed}
+                write_info(HOME, record)
 
         def convert() -> None:
             for name in SEEDS:
@@ -128,13 +97,13 @@ def prepare(progress: Progress, *, model: str = MODEL) -> None:
                 s.run(f"convert adapter {name}", [
                     str(venv_python(venv)), str(conv / "convert_lora_to_gguf.py"), "--base", str(hf_dir),
                     "--outfile", str(partial), "--outtype", "f32", str(peft_dir(name))],
-                    env_add={"HF_HUB_OFFLINE": "1", "TMPDIR": str(vllm._tmp())},
+                    env_add={"HF_HUB_OFFLINE": "1", "TMPDIR": str(vllm.tmp_dir())},
                     show=lambda line: "successfully exported" in line.lower())
                 partial.replace(target)
-                info = _info()
-                info[name]["gguf"] = str(target)
-                info[name]["gguf_bytes"] = target.stat().st_size
-                write_info(HOME, info)
+                record = info()
+                record[name]["gguf"] = str(target)
+                record[name]["gguf_bytes"] = target.stat().st_size
+                write_info(HOME, record)
 
         def check() -> None:
             prompts = home() / "check-prompts.json"
@@ -149,10 +118,10 @@ def prepare(progress: Progress, *, model: str = MODEL) -> None:
                 problems.append("a and b give the same greedy text")
             if problems:
                 raise s.fail("check adapters", "; ".join(problems))
-            info = _info()
-            info["check"] = {"prompt": CHECK_PROMPT, "tokens": CHECK_TOKENS, **entry,
-                             "checked": time.strftime("%Y-%m-%d %H:%M:%S")}
-            write_info(HOME, info)
+            record = info()
+            record["check"] = {"prompt": CHECK_PROMPT, "tokens": CHECK_TOKENS, **entry,
+                               "checked": time.strftime("%Y-%m-%d %H:%M:%S")}
+            write_info(HOME, record)
 
         made = lambda: all((peft_dir(n) / "adapter_model.safetensors").is_file() for n in SEEDS)  # noqa: E731
         converted = lambda: all(gguf_path(n).is_file() for n in SEEDS)  # noqa: E731
@@ -163,59 +132,16 @@ def prepare(progress: Progress, *, model: str = MODEL) -> None:
             Step("make adapters", f"{recipe} {hf_dir}", make, check=made),
             Step("convert adapters", f"{recipe} {tiny.SDIST} f32", convert, check=converted),
             Step("check adapters", f"{recipe} {CHECK_PROMPT!r} {CHECK_TOKENS}", check,
-                 check=lambda: "check" in _info()),
+                 check=lambda: "check" in info()),
         ])
 
 
 def _build(s: Setup, step: str, venv: Path, args: list[str]) -> dict:
     """Run lora_build.py in the vLLM venv; its last 'lora-result:' line is the outcome."""
     out = s.run(step, [str(venv_python(venv)), str(BUILDER), *args],
-                env_add={"HF_HUB_OFFLINE": "1", "TMPDIR": str(vllm._tmp()), "TOKENIZERS_PARALLELISM": "false"},
+                env_add={"HF_HUB_OFFLINE": "1", "TMPDIR": str(vllm.tmp_dir()), "TOKENIZERS_PARALLELISM": "false"},
                 show=lambda line: line.startswith("lora:"))
     for line in reversed(out):
         if line.startswith("lora-result:"):
             return json.loads(line.split(":", 1)[1])
     raise s.fail(step, "lora_build.py printed no result line")
-
-
-def adapters() -> dict[str, Adapter]:
-    """Both adapters; SetupError (one line) if prepare() has not made them."""
-    info = _info()
-    out = {}
-    for i, (name, seed) in enumerate(SEEDS.items()):
-        entry = info.get(name) or {}
-        pdir, gguf = peft_dir(name), gguf_path(name)
-        if not (pdir / "adapter_model.safetensors").is_file() or not gguf.is_file() or "gguf" not in entry:
-            raise SetupError(f"the LoRA adapters are not made yet (no {gguf.name}): "
-                             "run tui.embedded.prepare(engine, lora=True) first")
-        out[name] = Adapter(name, i, str(pdir), str(gguf), seed)
-    return out
-
-
-def facts() -> dict:
-    """What a run header records about the adapters."""
-    info = _info()
-    return {
-        "lora_adapters": {n: {"seed": a.seed, "peft_dir": a.peft_dir, "gguf": a.gguf} for n, a in adapters().items()},
-        "lora_recipe": f"rank {RANK}, alpha {ALPHA}, all decoder linear layers, random A and B "
-                       f"(B std {STRENGTH}/sqrt(rank)), peft {info.get('peft', '?')}",
-    }
-
-
-def request_fields(engine: str, adapter: str | None, *, base_model: str = MODEL) -> dict:
-    """The body fields that choose an adapter (None: the base model) on a launch_spec(lora=True) server.
-
-    vLLM serves each adapter as its own model name. llama.cpp takes a per-request `lora` list; it
-    is always the full list (every id, the unused ones at scale 0): a request *without* the field
-    gets the server's default set, and this llama.cpp build then keeps the slot's cache from a
-    request under another adapter (measured, NOTES-lora-drafter.md), so an explicit list is the
-    only way to say "base" that drops a foreign cache.
-    """
-    if adapter is not None and adapter not in SEEDS:
-        raise ValueError(f"unknown adapter {adapter!r}; known: {', '.join(SEEDS)}")
-    if engine == "vllm":
-        return {"model": adapter or base_model}
-    if engine == "llamacpp":
-        return {"model": base_model,
-                "lora": [{"id": i, "scale": 1.0 if name == adapter else 0.0} for i, name in enumerate(SEEDS)]}
-    raise ValueError(f"unknown engine {engine!r}")

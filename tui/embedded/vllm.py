@@ -11,7 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
-from . import tiny_vllm
+from . import lora_adapters, tiny_vllm
 from .common import (
     EngineLaunch, Progress, Setup, SetupError, Step, cache_dir, child_env, engine_home,
     model_spec, read_info, venv_python, write_info,
@@ -97,7 +97,7 @@ def _convert(s: Setup, step: str, venv: Path, gguf: Path, hf_dir: Path) -> None:
     tmp = hf_dir.with_name(hf_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     s.run(step, [str(venv_python(venv)), str(CONVERTER), str(gguf), str(tmp)],
-          env_add={"HF_HUB_OFFLINE": "1", "TMPDIR": str(_tmp())},
+          env_add={"HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_dir())},
           show=lambda line: line.startswith("convert:"))
     shutil.rmtree(hf_dir, ignore_errors=True)
     tmp.rename(hf_dir)
@@ -110,7 +110,7 @@ def _env() -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",  # everything is local; never reach for the hub
         "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache: plenty for 4 x 16k tokens of a 270M model
         "VLLM_CACHE_ROOT": str(vllm_cache),  # else it litters ~/.cache/vllm
-        "TMPDIR": str(_tmp()),  # else it litters /tmp
+        "TMPDIR": str(tmp_dir()),  # else it litters /tmp
     }
 
 
@@ -134,7 +134,8 @@ def _tiny_launch(info: dict, *, port: int, model: str, extra_args: tuple[str, ..
                         facts)
 
 
-def _tmp() -> Path:
+def tmp_dir() -> Path:
+    """The vLLM venv's TMPDIR (also the LoRA setup's, lora.py), under cache_dir() rather than /tmp."""
     path = cache_dir() / "tmp"
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -174,12 +175,10 @@ def launch_spec(*, port: int, model: str, lora: bool = False, drafter: bool = Fa
         "chat_template": str(CHAT_TEMPLATE),
     }
     if lora:
-        from . import lora as lora_mod
-
-        adapters = lora_mod.adapters()  # SetupError (one line) if they are not made yet
-        argv += ["--enable-lora", "--max-lora-rank", str(lora_mod.RANK), "--max-loras", str(len(adapters)),
+        adapters = lora_adapters.adapters()  # SetupError (one line) if they are not made yet
+        argv += ["--enable-lora", "--max-lora-rank", str(lora_adapters.RANK), "--max-loras", str(len(adapters)),
                  "--lora-modules", *(f"{a.name}={a.peft_dir}" for a in adapters.values())]
-        facts.update(lora_mod.facts())
+        facts.update(lora_adapters.facts())
         facts["lora_models"] = list(adapters)  # request `model: "a"` for adapter a; the base name for none
     if drafter:
         argv += ["--speculative-config", json.dumps(NGRAM_SPEC, separators=(",", ":"))]

@@ -5,8 +5,6 @@ import os
 import re
 from pathlib import Path
 
-import pytest
-
 from support.cli import ROOT, report_json, run_hitproof, scenario
 from tui.matrix import to_markdown
 
@@ -141,48 +139,3 @@ def test_markdown_table_shape():
     md = to_markdown([row], "s")
     assert "| a\\|b | x | **INCONCLUSIVE** | 4 | 3 | 0 | 0/1/0 |  | yes (--no-enable-prefix-caching) |  | 12.3 |" in md
     assert "a|b       INCONCLUSIVE" in md and "- **a|b**: nothing failed" in md
-
-
-# --- the real vLLM: prefix caching on vs off -----------------------------------------------------------
-
-REAL = """
-[scenario]
-name = "matrix-real"
-phases = ["cold_hit"]
-[evidence]
-memo_tokens = 520
-recall_max_tokens = 20
-[phases.cold_hit]
-suffix_tokens = 100
-"""
-
-
-@pytest.mark.realserver
-async def test_real_vllm_matrix_prefix_on_passes_prefix_off_is_inconclusive(tmp_path):
-    from tui.embedded import prepare
-
-    prepare("vllm", progress=print)
-    out = tmp_path / "m"
-    result = await run_hitproof("matrix", "--profile", str(PROFILES / "vllm-prefix-on.toml"),
-                                "--profile", str(PROFILES / "vllm-prefix-off.toml"),
-                                "--scenario", str(scenario(tmp_path, REAL)), "--out", str(out), "--headless",
-                                timeout=1800)
-    print(result.out[-3000:])
-    assert result.code == 0, result.out + result.err[-5000:]
-    rows = json.loads((out / "matrix.json").read_text())
-    assert [(r["profile"], r["verdict"]) for r in rows] == [("vllm-prefix-on", "pass"),
-                                                              ("vllm-prefix-off", "inconclusive")]
-    on, off = rows
-    assert on["cache_hits"] > 0 and off["cache_hits"] == 0 and off["exit_code"] == 4
-    assert on["server"]["cache_reuse_forced_off"] is False and off["server"]["cache_reuse_forced_off"] is True
-    for row in rows:
-        header = json.loads(Path(row["log"]).read_text().splitlines()[0])
-        incident = header["target"]["incident"]
-        assert header["target"]["launch_command"].split()[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-        assert incident["server"]["version"] == "0.32.0"
-        assert incident["server"]["system_fingerprint"].startswith("vllm-0.32.0-")
-        assert incident["cache_config"]["block_size"] not in (None, "unknown")
-        assert incident["env"]["VLLM_CPU_KVCACHE_SPACE"] == "2"
-    assert incident["cache_reuse"]["confirmed_by"].endswith("enable_prefix_caching=False")
-    for row in rows:
-        no_server_left(re.escape(row["server"]["launch_command"]))

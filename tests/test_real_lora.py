@@ -29,10 +29,8 @@ def llamacpp_lora():
 
 
 @pytest.fixture(scope="module")
-def vllm_lora():
-    server = BackgroundServer("vllm", lora=True).start()
-    yield server
-    server.stop()
+def vllm_lora(vllm_lora_server):
+    return vllm_lora_server            # shared with tests/test_real_partition.py (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -53,13 +53,11 @@ def _assert_proven(report: dict, field: str, count: int) -> None:
         assert all(v["hits"] >= 1 for v in p["same_identity"].values()), (names, p)
 
 
-# --- vLLM: one server (adapters a and b, the small cache) for partition and eviction ------------
+# --- vLLM: the server with adapters a and b that tests/test_real_lora.py uses (conftest.py) ----------
 
 @pytest.fixture(scope="module")
-def vllm():
-    server = BackgroundServer("vllm", lora=True, small_cache=True).start()
-    yield server
-    server.stop()
+def vllm(vllm_lora_server):
+    return vllm_lora_server
 
 
 async def test_vllm_partition_sequential_passes_clean(vllm, tmp_path):
@@ -100,20 +98,6 @@ async def test_vllm_partition_catches_the_batched_base_request(vllm, tmp_path):
     # already required the base's cold reference (sent alone) to differ and the batch re-run to repeat.
     assert all(p["cross_reused"] == 0 for p in _pairs(report, "lora").values())
     assert all(f["evidence"]["step"] in ("concurrent", "concurrent_cold") for f in leaks), leaks
-
-
-async def test_vllm_eviction_small_cache_evicts_every_memo_and_passes(vllm, tmp_path):
-    # one eviction cycle, not eviction-quick's two: every memo is evicted and re-admitted once, in half the
-    # time (CI's budget: 270 s with two cycles in CI on 2026-12-02, 200 s with one alone here)
-    text = EVICTION.replace("cycles = 2", "cycles = 1")
-    result, report = await _run(vllm.url, str(scenario(tmp_path, text, "eviction.toml")), tmp_path / "run.jsonl")
-    assert result.code == 0, result.out + result.err
-    phase = report["phases"]["eviction"]
-    assert phase["capacity_source"].startswith("server: num_gpu_blocks")
-    assert phase["pool_tokens"] > phase["capacity_tokens"] or phase["pool_memos"] == 16
-    assert phase["min_evictions_per_memo"] >= 1 and phase["every_memo_evicted"], phase["evictions_per_memo"]
-    assert all(p["rehits"] == p["memos"] for p in phase["passes"]), phase["passes"]   # every re-admission hit
-    assert any(p["kv_usage_max"] for p in phase["passes"])
 
 
 # --- llama.cpp ---------------------------------------------------------------------------------

@@ -91,13 +91,3 @@ async def test_wrong_states_on_hits_are_fail_class(bf16, tmp_path, mode, kind, v
         assert all(f["evidence"]["twin_verdict"] == verdict for f in fails)
 
 
-async def test_embedded_hybrid_vllm_runs_from_one_command(tmp_path):
-    """`hitproof run --engine vllm --model qwen3next-tiny`: vLLM's defaults (here a float32 state cache)."""
-    log = tmp_path / "embedded.jsonl"
-    result = await run_hitproof("run", "--engine", "vllm", "--model", "qwen3next-tiny", "--scenario", HYBRID,
-                                "--headless", "--record", str(log), timeout=1500)
-    assert result.code in (0, 4), result.out + result.err
-    report = report_json(log)
-    no_fail_and_phases_proven(report)
-    assert report["server"]["cache_config"]["mamba_cache_mode"] == "align"
-    assert report["server"]["grid"] == int(report["server"]["cache_config"]["block_size"])

@@ -94,8 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="summarize a recorded soak log")
     report.add_argument("log", metavar="LOG")
-    report.add_argument("--format", choices=("text", "markdown", "json", "junit", "html"), default="text")
+    report.add_argument("--format", choices=("text", "markdown", "json", "junit", "html", "issue"), default="text",
+                        help="issue: a bug report for an engine's tracker, with a finding's reproduction script")
     report.add_argument("--output", metavar="FILE", help="write the report to FILE instead of standard output")
+    report.add_argument("--finding", type=int, metavar="N", help="with --format issue: the fail-class finding to "
+                                                                  "report (as `hitproof repro --finding N`)")
+
+    from .commands import repro as repro_command
+    repro_command.add_parser(sub)
 
     refserver = sub.add_parser("refserver", help="the reference fault server (an OpenAI-compatible test server)")
     from .refserver.cli import configure
@@ -124,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, console, err, argv)
         if args.command == "report":
             return _report(args, console)
+        if args.command == "repro":
+            from .commands.repro import run as repro_run
+            return repro_run(args)
         if args.command == "matrix":
             return _matrix(args, console, err, argv)
         if args.command == "replay":
@@ -401,6 +410,9 @@ def _report(args, console: Console) -> int:
     from .core.report.report import FED_TYPES, RunReport
     from .headless import report_text
 
+    if args.format == "issue":                # the incident, a finding and its reproduction script
+        from .commands.repro import run_issue
+        return run_issue(args)
     warnings: list[str] = []
     fold = None
     if args.format == "html":                 # also reads metrics samples (tui.core.report.html)

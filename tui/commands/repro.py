@@ -50,3 +50,18 @@ def run(args) -> int:
     print(f"wrote {out}: finding {f['number']} of {f['of']} ({f['kind']}, {f['phase']}, request {f['request']}); "
           f"run it: python3 {out} URL (exit 0: the fault no longer shows, 1: it shows)", file=sys.stderr)
     return 0
+
+
+def run_issue(args) -> int:
+    """`hitproof report LOG --format issue [--finding N] [--output FILE]`."""
+    from ..core.report.issue import issue_markdown
+
+    text = issue_markdown(args.log, getattr(args, "finding", None))
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    try:
+        Path(args.output).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise HitproofError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    return 0

@@ -214,7 +214,11 @@ def _owner_writer(log: LoadedLog, finding: Finding, hit: RequestStarted) -> Requ
 def plan_repro(path: str | Path, number: int | None = None, repeats: int = REPEATS) -> dict[str, Any]:
     """The plan for the fail-class finding `number` (1-based; None: the first that can be replayed)."""
     log = load(path)
-    index, finding = pick(log, number)
+    return plan_for(log, *pick(log, number), repeats=repeats)
+
+
+def plan_for(log: LoadedLog, index: int, finding: Finding, repeats: int = REPEATS) -> dict[str, Any]:
+    """The plan for one replayable fail-class finding (`index`: its 1-based number among them)."""
     hit = log.starts[finding.request]
     settings, evidence = log.settings(), log.settings().get("evidence") or {}
     control = _control_request(log, finding)

@@ -1,0 +1,156 @@
+"""`hitproof report LOG --format issue`: a markdown bug report for an engine's tracker, all from the log.
+
+The incident record (server, engine version, launch flags as recorded, already redacted by the
+soak), one fail-class finding with its numbers, what was ruled out (the cold control, the salted
+cold arm, the re-hits, the twin, an isolation re-run), and the reproduction script inline: the
+same text `hitproof repro` writes (report/repro.py, report/repro_script.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..config.errors import BadInput
+from ..log.events import Finding
+from ..log.recorder import iter_log
+from . import fmt
+from .incident import incident_rows
+from .report import FED_TYPES, RunReport
+from .repro import REPEATS, LoadedLog, load, pick, plan_for, replayable
+from .repro_script import script_text
+
+_WHAT = {
+    "recall_miss": "a prefix-cache hit answers without the code its prompt holds, while the same request cold "
+                   "(a fresh cache_salt) gives it",
+    "foreign_code": "a prefix-cache hit answers with a code planted in another request's prompt",
+    "empty_answer": "a prefix-cache hit answers empty, while the same request cold does not",
+    "repetition": "a prefix-cache hit collapses into one repeated token, while the same request cold does not",
+    "fingerprint_mismatch": "a prefix-cache hit's greedy tokens and log-probabilities differ from the same "
+                            "request's cold run beyond the tolerance",
+    "foreign_state": "a prefix-cache hit continues as if from another request's state",
+    "hit_path_divergence": "a prefix-cache hit's answer differs from the same request's cold run",
+    "cache_path_divergence": "at temperature 0, hits answer differently from cold runs, while hits agree with "
+                             "hits and cold runs with cold runs",
+}
+
+
+def _fence(text: str, lang: str = "") -> str:
+    ticks = "```"
+    while ticks in text:
+        ticks += "`"
+    return f"{ticks}{lang}\n{text.rstrip()}\n{ticks}"
+
+
+def _cell(value: Any) -> str:
+    return fmt.word(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _request_line(log: LoadedLog, request: int | None) -> str:
+    start, end = log.starts.get(request), log.ends.get(request)
+    if start is None or end is None:
+        return f"request {fmt.word(request)}: not in the log"
+    salt = f"cache_salt `{start.salt}`" if start.salt else "no salt"
+    recall = (end.checks.get("recall") or {}).get("status")
+    return (f"request {request} ({start.arm}, {salt}, {fmt.word(end.cached_tokens)} cached of "
+            f"{fmt.word(end.prompt_tokens)} prompt tokens" + (f", code {recall}" if recall else "")
+            + f"): `{' '.join(end.text.split())[:120]}`")
+
+
+def _ruled_out(log: LoadedLog, report: RunReport, finding: Finding) -> list[str]:
+    ev = finding.evidence or {}
+    out = []
+    control = ev.get("control_request") or ev.get("own_request")
+    if control is not None:
+        out.append(f"- **The cold control** (the same prompt, not served from the cache): {_request_line(log, control)}.")
+    colds = [r for r in ev.get("control_requests") or [] if r in log.ends]
+    if colds:
+        out.append(f"- **The salt arm**: {len(colds)} more cold runs under fresh salts (requests "
+                   f"{', '.join(map(str, colds))}); {fmt.word(ev.get('cold_reproduced'))} of {len(colds)} reproduce "
+                   f"the cold fingerprint: the cold path is stable, so the model and its kernels are not the cause.")
+    rehits = [r for r in ev.get("rehit_requests") or [] if r in log.ends]
+    if rehits:
+        out.append(f"- **The re-hits**: {len(rehits)} more hits (requests {', '.join(map(str, rehits))}); "
+                   f"{fmt.word(ev.get('hit_reproduced'))} of {len(rehits)} repeat the deviation: it is "
+                   f"reproducible, not a one-off.")
+    if ev.get("twin_request") is not None:
+        out.append(f"- **The twin** (a hit of the same prompt under a fresh salt, request {ev['twin_request']}): "
+                   f"verdict `{fmt.word(ev.get('twin_verdict'))}`, {fmt.word(ev.get('twin_distance'))} nats from the "
+                   f"hit (what resuming at a grid line costs, told apart from a wrong state).")
+    if finding.kind == "foreign_code":
+        out.append(f"- **No sampling can produce it**: code `{fmt.word(ev.get('code'))}` was planted only in memo "
+                   f"{fmt.word(ev.get('owner'))}'s prompt, never in this request's.")
+    iso = report.isolations.get(finding.request) if finding.request is not None else None
+    if iso is not None:
+        out.append(f"- **Isolation**: the request re-sent alone: reproduced on {iso.reproduced}/{iso.hit_runs} hits "
+                   f"and {iso.cold_reproduced}/{iso.cold_runs} cold; verdict `{iso.verdict}` ({iso.detail}).")
+    return out or ["- nothing beyond the finding itself is in the log"]
+
+
+def _environment(log: LoadedLog, report: RunReport) -> list[str]:
+    rows = incident_rows(report)
+    server = log.server
+    if server is not None:
+        rows = [("server", f"{server.url} ({server.dialect})"), ("model served", server.model),
+                ("cache config", fmt.kv(server.cache_config) or "not reported")] + rows
+        if not any(k == "server version" for k, _ in rows):
+            rows.append(("server version", server.version or "unknown"))
+    lines = ["| | |", "|---|---|"] + [f"| {k} | {_cell(v)} |" for k, v in rows]
+    return lines
+
+
+def issue_markdown(path: str | Path, number: int | None = None, repeats: int = REPEATS) -> str:
+    """The bug report for fail-class finding `number` (None: the first that can be replayed, else the
+    first). A log without one: BadInput (exit 2)."""
+    log = load(path)
+    report = RunReport.from_events(iter_log(path, [], only=FED_TYPES))
+    fails = log.fails
+    if not fails:
+        raise BadInput("the log has no fail-class finding: nothing to report as an issue")
+    try:
+        index, finding = pick(log, number)
+        plan, why = plan_for(log, index, finding, repeats=repeats), None
+    except BadInput:
+        if number is not None and not 1 <= number <= len(fails):
+            raise
+        index = number or 1
+        finding, plan = fails[index - 1], None
+        why = replayable(log, finding)
+    server = log.server
+    engine = f"{server.dialect} {server.version or '(version unknown)'}" if server else "the server"
+    model = server.model if server else "unknown"
+    lines = [f"# {finding.kind} on a prefix-cache hit ({engine}, model {model})", "",
+             f"{_WHAT.get(finding.kind, finding.kind).capitalize()}. Found by "
+             f"hitproof {((log.header.tool if log.header else None) or {}).get('version', '')} "
+             f"(run `{log.header.run_id if log.header else 'unknown'}`, {log.header.started_at if log.header else ''}); "
+             f"finding {index} of {len(fails)} fail-class finding(s) in that run.", "",
+             "## Environment (the incident record)", "", *_environment(log, report), ""]
+    lines += ["## What was seen", "",
+              f"- **{finding.kind}** in phase `{finding.phase}`, request {fmt.word(finding.request)}"
+              + (f", memo `{finding.memo}`" if finding.memo else "")
+              + (f", offset {finding.offset}" if finding.offset is not None else "") + ".",
+              f"- {finding.detail}"]
+    if finding.request in log.ends:
+        lines.append(f"- The hit: {_request_line(log, finding.request)}.")
+        start = log.starts.get(finding.request)
+        if start is not None and start.code:
+            lines.append(f"- Its own code: `{start.code}`.")
+    numbers = {k: v for k, v in (finding.evidence or {}).items() if isinstance(v, (int, float, str)) and v is not None}
+    if numbers:
+        lines += ["", "| evidence | value |", "|---|---|"] + [f"| {k} | {_cell(v)} |" for k, v in numbers.items()]
+    lines += ["", "## What was ruled out", "", *_ruled_out(log, report, finding), ""]
+    lines += ["## Reproduce", ""]
+    if plan is None:
+        lines.append(f"No standalone script for this finding: {why}.")
+    else:
+        lines += [f"Python standard library only. Save as `repro.py` and run `python3 repro.py http://HOST:PORT` "
+                  f"against a server started the same way: it sends the cold reference, the requests that wrote "
+                  f"the prefix and the hit ({plan['steps'][-1]['repeats']} times), checks the claim "
+                  f"(`{plan['claim']}`), prints what it saw next to what the log saw, and exits 1 while the fault "
+                  f"shows, 0 once it does not.", "", "<details><summary>repro.py</summary>", "",
+                  _fence(script_text(plan), "python"), "", "</details>"]
+    verdict = report.end.verdict if report.end else "incomplete"
+    lines += ["", f"_The run: verdict {verdict}, {len(report.starts)} requests, {len(fails)} fail-class "
+                  f"finding(s); scenario {fmt.word((log.settings() or {}).get('name'))}. Generated by "
+                  f"`hitproof report LOG --format issue`._", ""]
+    return "\n".join(lines)

@@ -13,6 +13,12 @@ Two modes aim at identities and evictions: `lora_swap` answers a request under a
 same prompt, its tokens and log-probabilities, carrying B's own usage; requests that must be cold
 (a cache_salt, `cache_prompt: false`) pass untouched. `readmitted` corrupts the hits of a prompt
 that had hit, then missed (it was evicted), then came back: another memo's code, on re-admission only.
+Two modes compute what a wrong restore of a hybrid model's recurrent state would, on the server itself:
+on a hit (cached tokens reported), the proxy sends the same request again under a fresh cache_salt with
+the memo (the prompt's first part, up to its first blank line) changed, and answers with that response's
+tokens and log-probabilities under the hit's own usage. `fp_zero`: the memo removed, what a model resuming
+from a zero state computes; `fp_stale`: the memo's last quarter removed (back to a sentence end), a state
+checkpointed at an earlier point. Every hit is changed, a hit's twin too (it is a hit under its own salt).
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from support.loopback import serve_catch_all
 CODE = re.compile(r"\b\d{4}-\d{4}-\d{4}\b")
 MODES = ("none", "foreign", "recall_miss", "repetition", "empty", "http500", "malformed",
          "fp_foreign", "fp_alter", "fp_alter_unsalted", "fp_alike", "strip_usage", "strip_all", "send_failed_once", "lora_swap",
-         "readmitted")
+         "readmitted", "fp_zero", "fp_stale")
+RESTATE = ("fp_zero", "fp_stale")       # a hit answered by the server from a changed memo (module docstring)
+STALE_FRACTION = 0.25                   # fp_stale: how much of the memo's end the earlier state lacks
 SWAP = {"a": 0, "b": 1}        # lora_swap: adapter names (vLLM models) and their llama.cpp ids; a's answers go to b
 
 
@@ -46,6 +54,7 @@ class CorruptingProxy:
         self.cold: dict[tuple[str, str], list[dict]] = {}   # (memo line, question) -> a cold response
         self.answers_a: dict[str, list[dict]] = {}           # lora_swap: prompt -> adapter a's last answer
         self.seen: dict[str, str] = {}                       # readmitted: prompt -> "hit" | "evicted" | "back"
+        self.salts = 0                                       # fp_zero / fp_stale: fresh salts used
 
     async def start(self) -> "CorruptingProxy":
         self._session, self._runner, self.url = await serve_catch_all(self.handle)
@@ -109,6 +118,8 @@ class CorruptingProxy:
         elif self.mode == "readmitted":
             forced = payload.get("cache_salt") is not None or payload.get("cache_prompt") is False
             out = chunks if forced else self._readmitted(prompt, own, cached, chunks, chat)
+        elif self.mode in RESTATE:
+            out = await self._restate(path, payload, chunks, cached)
         elif self.mode in ("fp_foreign", "fp_alter"):
             out = self._fingerprint_corruption(chunks, key, cached)
         elif self.mode == "fp_alter_unsalted":      # a wrong state on the main arm's hits only: a twin is right
@@ -180,6 +191,38 @@ class CorruptingProxy:
         self.corrupted += 1
         return self._rechunk(chunks, f" {others[-1]}.", chat)
 
+    async def _restate(self, path: str, payload: dict, chunks: list[dict], cached: int) -> list[dict]:
+        """fp_zero / fp_stale: a hit answered by the server from the prompt with its memo changed, under a
+        fresh cache_salt (computed cold); the hit's own usage kept. Requests with no memo pass untouched."""
+        if not cached:
+            return chunks
+        changed = json.loads(json.dumps(payload))
+        if isinstance(changed.get("prompt"), str):
+            text = _changed_memo(changed["prompt"], self.mode)
+            if text is None:
+                return chunks
+            changed["prompt"] = text
+        else:
+            message = next((m for m in changed.get("messages") or []
+                            if isinstance(m.get("content"), str) and _changed_memo(m["content"], self.mode) is not None),
+                           None)
+            if message is None:
+                return chunks
+            message["content"] = _changed_memo(message["content"], self.mode)
+        self.salts += 1
+        changed["cache_salt"] = f"proxy-{self.mode}-{id(self):x}-{self.salts}"
+        if "cache_prompt" in changed:                   # llama.cpp: no salts; not from its cache
+            changed["cache_prompt"] = False
+        async with self._session.post(self.upstream + path, data=json.dumps(changed).encode(),
+                                      headers={"Content-Type": "application/json"}) as up:
+            raw = await up.read()
+            if up.status != 200:
+                return chunks
+        events = [line[5:].strip() for line in raw.decode().split("\n") if line.startswith("data:")]
+        computed = [json.loads(e) for e in events if e != "[DONE]"]
+        self.corrupted += 1
+        return _with_accounting(computed, chunks)
+
     def _fingerprint_corruption(self, chunks: list[dict], key: tuple[str, str], cached: int) -> list[dict]:
         """fp_foreign: a hit answers with another memo's cold response to the same question (its
         tokens and log-probabilities); fp_alter: a hit's log-probabilities are all shifted."""
@@ -243,6 +286,20 @@ class CorruptingProxy:
                 choice["text"] = piece
             out.append({k: v for k, v in template.items() if k != "choices"} | {"choices": [choice]})
         return out + tail
+
+
+def _changed_memo(text: str, mode: str) -> str | None:
+    """`text` with its memo (from its start to the first blank line) removed (fp_zero) or cut back by
+    STALE_FRACTION to a sentence end (fp_stale); None when the text does not start with a memo."""
+    if not text.startswith("Memo "):
+        return None
+    end = text.find("\n\n")
+    end = len(text) if end < 0 else end
+    memo, rest = text[:end], text[end:]
+    if mode == "fp_zero":
+        return rest
+    keep = memo.rfind(". ", 0, int(len(memo) * (1 - STALE_FRACTION)))
+    return memo[:keep + 1] + rest if keep > 0 else rest
 
 
 def _without_cached_tokens(chunk: dict) -> dict:

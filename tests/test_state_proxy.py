@@ -1,0 +1,84 @@
+"""The physical wrong-state proxies (tests/support/corrupting_proxy.py, fp_zero and fp_stale): on every hit
+the server itself computes the answer from a changed memo (removed: a zero state; its last quarter cut:
+a stale state), under a fresh salt, and the hit's own usage is kept. They are what benchmarks/gpu/ runs
+on the real hybrid vLLM; here on the reference server, whose hits are exact: each must end a hybrid soak
+with exit 1 and fail-class findings, and the proxy passing everything through must leave it clean."""
+
+from __future__ import annotations
+
+import pytest
+
+from support.cli import report_json, run_hitproof, scenario
+from support.corrupting_proxy import CorruptingProxy, _changed_memo
+from tui.refserver import start_refserver
+
+# hybrid-quick's evidence on two of its phases (the full soak runs on the GPU): a hit and its repeat, then
+# partial-prefix hits across rotating memos
+SMALL = """
+[scenario]
+phases = ["cold_hit", "rotation"]
+seed = 7
+[evidence]
+memo_tokens = 1500
+codes = false
+fingerprints = true
+fingerprint_tokens = 12
+fingerprint_top_k = 5
+fingerprint_tolerance = 0.05
+recall_max_tokens = 12
+summary_max_tokens = 12
+[sampling]
+temperature = 0.0
+seed = 1234
+[phases.rotation]
+slots = 4
+rounds = 3
+memo_tokens = 1200
+"""
+PROMPT = ("Memo m01, run abcdef. Internal reconciliation record, kept by the accounts office.\n"
+          "Section 1. One sentence here. Two sentences here. Three sentences here. Four sentences here."
+          "\n\nQuestion: Summarize this memo.\nAnswer:")
+
+
+def test_the_memo_is_removed_or_cut_back_and_the_question_kept():
+    assert _changed_memo(PROMPT, "fp_zero") == "\n\nQuestion: Summarize this memo.\nAnswer:"
+    stale = _changed_memo(PROMPT, "fp_stale")
+    assert stale.endswith("\n\nQuestion: Summarize this memo.\nAnswer:")
+    memo = stale.split("\n\n")[0]
+    assert PROMPT.startswith(memo) and memo.endswith(".") and "Four sentences" not in memo
+    assert len(memo) >= 0.5 * len(PROMPT.split("\n\n")[0])
+    assert _changed_memo("User: no memo here", "fp_zero") is None
+
+
+async def soak_through(tmp_path, mode: str) -> tuple[int, dict, str, CorruptingProxy]:
+    handle = await start_refserver(port=0, seed=0)
+    proxy = await CorruptingProxy(handle.url, mode).start()
+    log = tmp_path / f"{mode}.jsonl"
+    try:
+        result = await run_hitproof("run", "--attach", proxy.url, "--scenario", str(scenario(tmp_path, SMALL)),
+                                    "--headless",
+                                    "--record", str(log), timeout=300)
+    finally:
+        await proxy.close()
+        await handle.close()
+    return result.code, report_json(log), result.out + result.err, proxy
+
+
+@pytest.mark.parametrize("mode", ["fp_zero", "fp_stale"])
+async def test_a_wrong_state_computed_by_the_server_fails(tmp_path, mode):
+    code, report, out, proxy = await soak_through(tmp_path, mode)
+    assert proxy.corrupted > 0
+    assert code == 1, out
+    fails = [f for f in report["findings"] if f["severity"] == "fail"]
+    assert fails, report["findings"]
+    assert "fingerprint_mismatch" in {f["kind"] for f in fails}
+    # every hit was changed, its twin too: where a twin was made, it is as wrong as the hit
+    twinned = [f for f in fails if (f.get("evidence") or {}).get("twin_verdict")]
+    assert all(f["evidence"]["twin_verdict"] == "far_with_twin" for f in twinned)
+
+
+async def test_the_proxy_passing_everything_through_stays_clean(tmp_path):
+    code, report, out, proxy = await soak_through(tmp_path, "none")
+    assert proxy.corrupted == 0
+    assert code == 0, out
+    assert [f for f in report["findings"] if f["severity"] == "fail"] == []

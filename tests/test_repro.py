@@ -175,3 +175,55 @@ def test_bad_input_is_one_line_and_exit_2(zero_log, tmp_path):
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert words in done.stderr and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "x.py").exists()
+
+
+ROTATION = """
+[scenario]
+name = "repro-rotation"
+api = "completions"
+phases = ["rotation"]
+seed = 7
+
+[evidence]
+memo_tokens = 800
+recall_max_tokens = 20
+fingerprints = false
+
+[sampling]
+temperature = 0.0
+seed = 1234
+
+[phases.rotation]
+slots = 4
+rounds = 4
+memo_tokens = 800
+tasks = ["recall"]
+"""
+
+
+def test_a_leak_is_replayed_with_the_request_that_wrote_the_other_memo(tmp_path):
+    """foreign_state restores, on half the hits (a seeded coin), another stored sequence: the script sends
+    the request that wrote the memo whose code leaked in before the hit, and the hit 10 times."""
+    log = tmp_path / "leak.jsonl"
+
+    async def soak():
+        server = await start_refserver(port=0, fault="foreign_state", seed=0)
+        try:
+            return await run_hitproof("run", "--attach", server.url, "--scenario",
+                                      str(scenario(tmp_path, ROTATION)), "--headless", "--record", str(log),
+                                      timeout=120)
+        finally:
+            await server.close()
+
+    assert asyncio.run(soak()).code == 1
+    first = next(f for f in fails(log) if f["kind"] == "foreign_code")
+    number = fail_number(log, "foreign_code", first["request"])
+    script = tmp_path / "leak.py"
+    done = hitproof("repro", str(log), "--finding", number, "--repeats", "10", "--output", str(script))
+    assert done.returncode == 0, done.stderr
+    code, out = asyncio.run(run_script(script, "foreign_state", tmp_path))
+    assert code == 1, out
+    assert f"writes memo {first['evidence']['owner']}'s prefix" in out
+    assert f"code {first['evidence']['code']} of memo {first['evidence']['owner']}" in out
+    code, out = asyncio.run(run_script(script, "none", tmp_path))
+    assert code == 0 and "10 of 10 hits right" in out, out

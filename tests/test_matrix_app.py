@@ -7,7 +7,8 @@ import json
 
 from support.app import SCREENSHOTS, text_of, wait_for
 from support.cli import ROOT
-from tui.app.matrix_view import MatrixTable, matrix_app
+from tui.app.matrix_table import MatrixTable
+from tui.app.matrix_view import matrix_app
 from tui.app.replay import ReplaySource
 from tui.app.sources import MatrixSource
 from tui.app.widgets import ProgressStrip, SlotPanel

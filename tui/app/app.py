@@ -1,11 +1,11 @@
-"""The hitproof Textual app: the same event stream as headless, drawn at a capped frame rate."""
+"""The hitproof Textual app: the same event stream as headless, drawn at a capped frame rate. Sources are
+ports.Source; the matrix's part of the app is matrix_mode.py; `hitproof matrix` builds it in matrix_view.py."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from pathlib import Path
-from typing import Protocol
 
 from rich.text import Text
 from textual.app import App, ComposeResult
@@ -16,11 +16,14 @@ from textual.worker import WorkerCancelled
 
 from ..core.log import events as ev
 from ..core.config.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, HitproofError
-from .matrix_view import MatrixTable, live_cells
-from .messages import MatrixDone, MatrixProfileStarted, MatrixRowDone, StatusLine
+from .matrix_mode import MatrixMode, StreamPort
+from .matrix_table import MatrixTable
+from .messages import StatusLine
 from .model import RunModel
+from .ports import Source
+from .render import run_totals, title_bar
 from .screens import IsolationProgress, RequestDetail
-from .stream import Stream, StreamPort
+from .stream import Stream
 from .widgets import (FindingsTable, MetricsStrip, PhaseList, ProgressStrip, ReplicaStrip, SlotGrid, SlotPanel,
                       TtftHistogram)
 
@@ -28,19 +31,7 @@ QUIT_TIMEOUT = 60.0      # seconds the soak may take to end after the user quits
 FRAME_RATE = 24          # frames per second at most; events are folded in between frames
 
 
-class Source(Protocol):
-    """Where events come from: a live soak or a log. It calls app.feed(event) for each one."""
-
-    live: bool
-
-    async def run(self, app: "HitproofApp") -> int | None: ...           # the exit code when known
-
-    async def isolate(self, request: int, kind: str | None) -> bool: ...  # False: not possible here
-
-    def set_paused(self, paused: bool) -> None: ...
-
-
-class HitproofApp(App):
+class HitproofApp(MatrixMode, App):
     CSS_PATH = "app.tcss"
     TITLE = "hitproof"
     BINDINGS = [
@@ -250,136 +241,10 @@ class HitproofApp(App):
             log.write_lines(list(model.server_log)[-new:])
             self._log_shown = model.server_log_total
 
-    # --- the matrix -------------------------------------------------------------------------
-
-    def _show_matrix(self) -> None:
-        source = self.main_source
-        running = source.running
-        live = None
-        if running is not None and self.live_stream is not None:
-            started = time.monotonic() - (source.started_at or time.monotonic())
-            live = live_cells(self.live_stream.model, started)
-        self._matrix_table.show(running=running, live=live, viewing=self.viewing)
-
-    def on_matrix_profile_started(self, message: MatrixProfileStarted) -> None:
-        """A matrix profile starts: its events go to the stream it brings, on screen unless a replay is."""
-        if self.stream is self.live_stream:
-            self.stream = message.stream
-        self.live_stream = message.stream
-        self.status_line = ""
-        self._drawn_version = -1
-
-    def on_matrix_row_done(self, message: MatrixRowDone) -> None:
-        self.main_source.rows[message.index] = message.row
-        self._drawn_version = -1
-
-    def on_matrix_done(self, message: MatrixDone) -> None:
-        self.matrix_seconds = message.seconds
-        self._drawn_version = -1
-        self.notify(f"matrix done in {message.seconds:.0f} s; enter on a row replays its run", timeout=8)
-
-    def on_matrix_table_selected(self, message: MatrixTable.Selected) -> None:
-        self.show_row(message.index)
-
-    def show_row(self, index: int) -> None:
-        """Below the rows: the running profile live, or a finished one's log as a replay."""
-        source = self.main_source
-        row = source.rows[index]
-        if index == source.running:
-            self.action_back_to_live()
-            return
-        if row["verdict"] == "not_run" or not row.get("log"):
-            self.notify(f"{row['profile']}: not run yet" if row["verdict"] == "not_run"
-                        else f"{row['profile']}: no log ({row['message']})", severity="warning")
-            return
-        from .replay import ReplaySource
-        try:
-            replay = ReplaySource(row["log"])
-        except HitproofError as exc:
-            self.notify(f"{row['profile']}: {exc}", severity="error")
-            return
-        self._stop_replay()
-        stream = Stream()
-        port = StreamPort(self, stream)
-        self._replay_port = port
-        self.source, self.stream, self.viewing = replay, stream, index
-        self._replay_worker = self.run_worker(replay.run(port), group="replay", exit_on_error=False)
-        self.refresh_bindings()
-        self._drawn_version = -1
-
-    def _stop_replay(self) -> None:
-        if self._replay_port is not None:
-            self._replay_port.attached = False
-            self._replay_port = None
-        if self.source is not self.main_source:
-            stop = getattr(self.source, "stop", None)
-            if stop is not None:
-                stop()
-        if self._replay_worker is not None:
-            self._replay_worker.cancel()
-            self._replay_worker = None
-
-    def action_back_to_live(self) -> None:
-        if self.viewing is None:
-            return
-        self._stop_replay()
-        self.source, self.viewing = self.main_source, None
-        self.stream = self.live_stream if self.live_stream is not None else Stream()
-        self.refresh_bindings()
-        self._drawn_version = -1
-        self.draw_frame()
-
-    def action_focus_matrix(self) -> None:
-        if self._matrix_table is not None:
-            self._matrix_table.focus()
-
     def _title(self) -> Text:
-        m = self.model
-        out = Text("hitproof ", style="bold")
-        if self.matrix:
-            out.append_text(self._matrix_badge())
         replay_status = getattr(self.source, "status", None)
-        if replay_status is not None:
-            out.append(f" {replay_status()} ", style="bold black on magenta")
-            out.append(" ")
-        if m.report.end is not None:
-            verdict = m.report.verdict
-            out.append(f" {verdict.upper()} exit {m.report.exit_code} ",
-                       style={"pass": "bold black on green", "fail": "bold white on red"}.get(
-                           verdict, "bold black on yellow"))
-        elif self.paused:
-            out.append(" PAUSED ", style="bold black on yellow")
-        else:
-            out.append(" RUNNING ", style="bold black on cyan")
-        out.append(f" {m.last_t:.1f}s")
-        if m.report.header:
-            out.append(f"  {(m.report.header.scenario or {}).get('name') or 'scenario unknown'}", style="bold")
-        server = m.report.server
-        if server:
-            out.append("  " + " ".join(str(part) for part in (server.dialect, server.version, server.model, server.url)
-                                       if part), style="cyan")
-        elif m.report.header:
-            out.append(f"  {m.report.header.target.get('url') or ''}", style="cyan")
-        return out
-
-    def _matrix_badge(self) -> Text:
-        """Which matrix row the run below belongs to, and how far the matrix is."""
-        source = self.main_source
-        rows = source.rows
-        out = Text()
-        if source.finished:
-            seconds = f" in {self.matrix_seconds:.0f}s" if self.matrix_seconds is not None else ""
-            out.append(f" MATRIX done{seconds} ", style="bold black on green")
-        elif source.running is not None:
-            out.append(f" MATRIX {source.running + 1}/{len(rows)} ", style="bold black on cyan")
-        else:
-            out.append(" MATRIX ", style="bold black on cyan")
-        index = self.viewing if self.viewing is not None else source.running
-        if index is None:
-            index = max((i for i, r in enumerate(rows) if r["verdict"] != "not_run"), default=None)
-        if index is not None:
-            out.append(f" {rows[index]['profile']} ", style="bold")
-        return out
+        return title_bar(self.model, badge=self._matrix_badge() if self.matrix else None,
+                          replay_status=replay_status() if replay_status is not None else None, paused=self.paused)
 
     def on_status_line(self, message: StatusLine) -> None:
         """Start-up progress of a launched server (before the run's first event)."""
@@ -387,16 +252,7 @@ class HitproofApp(App):
         self._drawn_version = -1
 
     def _totals(self) -> Text:
-        t = self.model.totals()
-        if not self.model.events_seen and self.status_line:
-            return Text(self.status_line, style="cyan")
-        out = Text(f"{t['requests']} req {t['hits']} hits\n")
-        out.append(f"{t['fail']} fail", style="bold red" if t["fail"] else "grey50")
-        out.append(f" {t['warn']} warn", style="yellow" if t["warn"] else "grey50")
-        out.append(f" {t['info']} info", style="grey50")
-        if self.model.report.end is not None:
-            out.append(f"\n{self.model.report.end.message}", style="grey70")
-        return out
+        return run_totals(self.model, self.status_line)
 
     # --- selection and actions --------------------------------------------------------------
 

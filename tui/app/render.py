@@ -201,3 +201,48 @@ def metrics_line(model: RunModel) -> Text:
     if not out.plain:
         out.append("metrics: unknown (the server exposes no /metrics)", style="grey50")
     return out
+
+
+def title_bar(model: RunModel, *, badge: Text | None, replay_status: str | None, paused: bool) -> Text:
+    """The title bar: the matrix's badge, a replay's position, the verdict (else running or paused), the
+    run's clock, the scenario and the server."""
+    m = model
+    out = Text("hitproof ", style="bold")
+    if badge is not None:
+        out.append_text(badge)
+    if replay_status is not None:
+        out.append(f" {replay_status} ", style="bold black on magenta")
+        out.append(" ")
+    if m.report.end is not None:
+        verdict = m.report.verdict
+        out.append(f" {verdict.upper()} exit {m.report.exit_code} ",
+                   style={"pass": "bold black on green", "fail": "bold white on red"}.get(
+                       verdict, "bold black on yellow"))
+    elif paused:
+        out.append(" PAUSED ", style="bold black on yellow")
+    else:
+        out.append(" RUNNING ", style="bold black on cyan")
+    out.append(f" {m.last_t:.1f}s")
+    if m.report.header:
+        out.append(f"  {(m.report.header.scenario or {}).get('name') or 'scenario unknown'}", style="bold")
+    server = m.report.server
+    if server:
+        out.append("  " + " ".join(str(part) for part in (server.dialect, server.version, server.model, server.url)
+                                   if part), style="cyan")
+    elif m.report.header:
+        out.append(f"  {m.report.header.target.get('url') or ''}", style="cyan")
+    return out
+
+
+def run_totals(model: RunModel, status_line: str) -> Text:
+    """Requests, hits and findings so far (before the run's first event: a launched server's start-up line)."""
+    t = model.totals()
+    if not model.events_seen and status_line:
+        return Text(status_line, style="cyan")
+    out = Text(f"{t['requests']} req {t['hits']} hits\n")
+    out.append(f"{t['fail']} fail", style="bold red" if t["fail"] else "grey50")
+    out.append(f" {t['warn']} warn", style="yellow" if t["warn"] else "grey50")
+    out.append(f" {t['info']} info", style="grey50")
+    if model.report.end is not None:
+        out.append(f"\n{model.report.end.message}", style="grey70")
+    return out

@@ -13,7 +13,7 @@ from ..core.log.logindex import LogIndex
 from .model import RunModel
 
 if TYPE_CHECKING:
-    from .app import HitproofApp
+    from .ports import EventSink
 
 SPEEDS = {"1": 1.0, "2": 10.0, "3": None}     # None: as fast as possible
 MAX_WAIT = 2.0                                # seconds; long gaps in a log are not replayed in full
@@ -30,12 +30,12 @@ class ReplaySource:
         self.speed: float | None = 10.0
         self.progress = 0.0
         self.ready = False
-        self.app: HitproofApp | None = None
+        self.app: EventSink | None = None
         self._player: asyncio.Task | None = None
 
     # --- Source protocol -----------------------------------------------------------------------
 
-    async def run(self, app: HitproofApp) -> int | None:
+    async def run(self, app: EventSink) -> int | None:
         self.app = app
         app.feed(self.index.header)
         model = await asyncio.to_thread(self._scan_and_fold)

@@ -14,7 +14,7 @@ from .messages import MatrixDone, MatrixProfileStarted, MatrixRowDone, StatusLin
 from .stream import Stream
 
 if TYPE_CHECKING:
-    from .app import HitproofApp
+    from .ports import AppPort
 
 # start(listeners, after_run, on_engine) runs one soak (tui.runner) and returns its outcome.
 Starter = Callable[..., Awaitable[Outcome]]
@@ -31,7 +31,7 @@ class LiveSource:
         self.engine: SoakEngine | None = None
         self.quit_requested: asyncio.Event | None = None
 
-    async def run(self, app: HitproofApp) -> int | None:
+    async def run(self, app: AppPort) -> int | None:
         self.quit_requested = asyncio.Event()
 
         async def hold(engine: SoakEngine, outcome: Outcome) -> None:
@@ -99,7 +99,7 @@ class MatrixSource:
         self.finished = False
         self.paused = False
 
-    async def run(self, app: HitproofApp) -> int | None:
+    async def run(self, app: AppPort) -> int | None:
         begun = time.monotonic()
         names = [row["profile"] for row in self.rows]
 

@@ -10,6 +10,9 @@ Generations stream through chunk by chunk, with the per-request cached tokens re
 (usage.prompt_tokens_details, timings.cache_n) as `strip_usage` in corrupting_proxy does, so hits
 can only be proven by the server's counters. Every `delay_every`-th generation holds its
 `[DONE]` for `done_delay` seconds (its request ends late; time to first token is untouched).
+
+`stale_every` (0: never) answers every such scrape with the body the scrape before the last got, as a
+gateway caching /metrics would: an old answer even when scrapes are taken one at a time.
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ GENERATIONS = ("/v1/completions", "/v1/chat/completions")
 
 class ReorderingProxy:
     def __init__(self, upstream: str, *, delay: float = 0.4, delay_every: int = 2, done_delay: float = 0.05,
-                 strip_usage: bool = True):
+                 strip_usage: bool = True, stale_every: int = 0):
         self.upstream = upstream.rstrip("/")
         self.delay = delay
         self.delay_every = delay_every
         self.done_delay = done_delay
         self.strip_usage = strip_usage
+        self.stale_every = stale_every
+        self.stale = 0                # /metrics answered with an older body
+        self._bodies: list[bytes] = []  # the last /metrics bodies the server gave
         self.url = ""
         self.scrapes = 0              # /metrics requests seen
         self.delayed = 0              # /metrics answers held back
@@ -55,6 +61,10 @@ class ReorderingProxy:
             status, raw, kind = up.status, await up.read(), up.content_type or "application/octet-stream"
         if request.path == "/metrics":
             self.scrapes += 1
+            self._bodies = (self._bodies + [raw])[-3:]
+            if self.stale_every and self.scrapes % self.stale_every == 0 and len(self._bodies) == 3:
+                self.stale += 1
+                raw = self._bodies[0]
             if self.scrapes % self.delay_every == 0:
                 self.delayed += 1
                 answered = self._answered

@@ -11,6 +11,7 @@ from ..config.errors import ServerProblem
 from .adapters import adapters_from_llamacpp, adapters_from_models
 from .client import OpenAIClient, RequestSpec
 from .metrics import CACHE_CONFIG, MetricSnapshot, parse_metrics
+from .restarts import in_order
 
 
 # What a server needs to report per-request cached tokens (said when a phase cannot prove hits).
@@ -64,14 +65,18 @@ class Discovery:
 
 
 async def scrape(client: OpenAIClient) -> MetricSnapshot | None:
-    """/metrics parsed, or None when the server has none (or is unreachable for it)."""
-    try:
-        response = await client.get("/metrics")
-    except ServerProblem:
-        return None
-    if response.status_code != 200:
-        return None
-    return parse_metrics(response.text)
+    """/metrics parsed, or None when the server has none (or is unreachable for it). One at a time per
+    client, re-read when it shows a restart sign (restarts.in_order): a late answer is no restart."""
+    async def fetch() -> MetricSnapshot | None:
+        try:
+            response = await client.get("/metrics")
+        except ServerProblem:
+            return None
+        if response.status_code != 200:
+            return None
+        return parse_metrics(response.text)
+
+    return await in_order(client, fetch)
 
 
 async def discover(client: OpenAIClient, *, dialect: str | None = None) -> Discovery:

@@ -22,6 +22,7 @@ class MetricSnapshot:
     values: dict[str, float] = field(default_factory=dict)        # sample name -> sum over label sets
     info: dict[str, dict[str, str]] = field(default_factory=dict)  # *_info metric -> labels
     error: str | None = None
+    sent: int | None = None       # time.monotonic_ns() when its request went out (scrapes of one server are ordered by it)
 
     def get(self, name: str) -> float | None:
         return self.values.get(name)

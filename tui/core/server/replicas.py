@@ -34,6 +34,7 @@ import httpx
 from ..config.errors import ServerProblem
 from .client import OpenAIClient
 from .metrics import MetricSnapshot, parse_metrics
+from .restarts import in_order
 
 # A request adds its completion tokens to one of these, its prompt tokens to the prompt counters
 # (llama.cpp counts the re-processed and the cached part apart), one to the request counters.
@@ -349,11 +350,14 @@ class ReplicaSet:
         self.replicas = list(await asyncio.gather(*(one(r, c) for r, c in zip(self.replicas, self.clients))))
 
     async def _metrics(self, index: int) -> MetricSnapshot | None:
-        try:
-            response = await self.clients[index].get("/metrics")
-        except ServerProblem:
-            return None
-        return parse_metrics(response.text) if response.status_code == 200 else None
+        async def fetch() -> MetricSnapshot | None:
+            try:
+                response = await self.clients[index].get("/metrics")
+            except ServerProblem:
+                return None
+            return parse_metrics(response.text) if response.status_code == 200 else None
+
+        return await in_order(self.clients[index], fetch)   # one at a time per replica, restart signs re-read
 
     async def router_counts(self) -> dict[int, float] | None:
         if not self.router_metrics:

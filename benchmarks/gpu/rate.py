@@ -1,0 +1,157 @@
+"""hitproof's speed against a raw client on the same server, in the same run (issue 24: "on the H200 the
+soak, not the server, may be the limit").
+
+    python3 benchmarks/gpu/rate.py --attach http://127.0.0.1:8321                      # hybrid-quick
+    python3 benchmarks/gpu/rate.py --attach URL --scenario scenarios/mix-quick.toml --out DIR
+
+Runs against any server already running (the GPU run's vLLM, the reference server, ...):
+
+  H  `hitproof run --attach URL --scenario S --headless --record H.jsonl`, through evidence_rate.py's
+     `record` mode (the hitproof command line in a fresh process that keeps every request body it sends);
+     its CPU seconds (user + system, the process and its children) from the operating system;
+  R  evidence_rate.py's raw asyncio client replaying H's request bodies (the run's nonce swapped, so its
+     prompts are new to the cache and its cold/hit pattern is H's) at H's concurrency: a request waits
+     for exactly the requests that had finished before it started in H; its CPU seconds the same way.
+
+Printed, one `[rate]` line each: requests per second of H (logged requests over the soak's seconds, first
+phase_start to run_end) and of R (replayed requests over the replay's seconds), their ratio (the goal:
+hitproof within 10% of the raw client); hits per minute of both (a hit: cached_tokens > 0) and H's
+checked hits per minute (hits compared with their own cold fingerprint or asked for their own code:
+`hitproof report --format json` power.evidence); CPU seconds per request of both; the minutes H would
+need at that rate for default's power target (299 checked hits: a 1% per-hit fault rate ruled out at
+95%). The last stdout line is one JSON object; everything is also kept in --out (default
+logs/rate-STAMP/). Exit 0 measured, 3 a soak or the replay failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import evidence_rate  # noqa: E402  (record, replay, read_log, build_plan: reused as they are)
+
+DEFAULT_TARGET = 299          # scenarios/default.toml: 1% at 95%
+
+
+def say(line: str) -> None:
+    print(f"[rate] {line}", flush=True)
+
+
+def cpu_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed_child(argv: list[str], timeout: float, console: Path) -> tuple[int, float, float]:
+    """(exit code, wall seconds, CPU seconds) of one child process, bounded in time."""
+    cpu0, t0 = cpu_children(), time.monotonic()
+    with console.open("wb") as out:
+        try:
+            code = subprocess.run(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    return code, time.monotonic() - t0, cpu_children() - cpu0
+
+
+def per(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def measure(url: str, scenario: str, out: Path, timeout: float) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    log, bodies = out / "H.jsonl", out / "H.bodies.jsonl"
+    say(f"H: hitproof run --attach {url} --scenario {scenario} (bodies kept)")
+    code, wall, cpu = timed_child([sys.executable, str(ROOT / "benchmarks" / "evidence_rate.py"), "record", str(bodies),
+                                   "--", "run", "--attach", url, "--scenario", scenario, "--headless", "--record",
+                                   str(log)], timeout, out / "H.console.txt")
+    if code not in (0, 1, 4) or not log.is_file():
+        raise evidence_rate.Problem(f"soak H ended with exit {code}: {evidence_rate.tail_of(out / 'H.console.txt')}")
+    report = json.loads(subprocess.run([sys.executable, "-m", "tui", "report", str(log), "--format", "json"],
+                                       cwd=ROOT, capture_output=True, text=True, timeout=300).stdout)
+    facts = evidence_rate.read_log(log)
+    kept = [json.loads(line) for line in bodies.read_text().splitlines() if line.strip()]
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    plan, plan_facts = evidence_rate.build_plan(facts, kept, port, random.Random())
+    plan_path, result_path = out / "R.plan.json", out / "R.result.json"
+    plan_path.write_text(json.dumps(plan))
+    say(f"R: the raw client replays {len(plan['requests'])} requests (at most {plan['max_in_flight']} at once, as in H)")
+    code_r, wall_r, cpu_r = timed_child([sys.executable, str(ROOT / "benchmarks" / "evidence_rate.py"), "replay",
+                                         str(plan_path), str(result_path)], timeout, out / "R.console.txt")
+    if code_r != 0:
+        raise evidence_rate.Problem(f"the raw replay ended with exit {code_r}: {evidence_rate.tail_of(out / 'R.console.txt')}")
+    replay = json.loads(result_path.read_text())
+    ev = (report.get("power") or {}).get("evidence") or {}
+    checked = max((ev.get(k) or {}).get("checked_hits") or 0 for k in ("recall", "fingerprint"))
+    requests_h = len(facts["order"])
+    hits_h = sum(1 for e in facts["ends"].values() if (e.get("cached") or 0) > 0)
+    raw = replay["requests"]
+    hits_r = sum(1 for r in raw if (r["cached"] or 0) > 0)
+    soak_s, replay_s = facts["soak_s"], replay["seconds"]
+    result = {
+        "url": url, "scenario": scenario, "exit_code": code, "verdict": report.get("verdict"),
+        "hitproof": {"requests": requests_h, "hits": hits_h, "checked_hits": checked,
+                     "checked": {k: (ev.get(k) or {}).get("checked_hits") for k in ("recall", "fingerprint")},
+                     "soak_s": round(soak_s, 2), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+                     "requests_per_s": per(requests_h, soak_s), "hits_per_min": per(hits_h * 60, soak_s),
+                     "checked_per_min": per(checked * 60, soak_s), "cpu_s_per_request": per(cpu, requests_h)},
+        "raw": {"requests": len(raw), "hits": hits_r, "errors": sum(1 for r in raw if r["error"]),
+                "seconds": round(replay_s, 2), "cpu_s": round(cpu_r, 2), "requests_per_s": per(len(raw), replay_s),
+                "hits_per_min": per(hits_r * 60, replay_s), "cpu_s_per_request": per(cpu_r, len(raw)),
+                "max_in_flight": replay["max_in_flight"]},
+        "plan": plan_facts,
+    }
+    h, r = result["hitproof"], result["raw"]
+    result["rate_ratio"] = per(h["requests_per_s"], r["requests_per_s"])
+    result["hits_per_min_ratio"] = per(h["hits_per_min"], r["hits_per_min"])
+    result["minutes_to_default_target"] = per(DEFAULT_TARGET, h["checked_per_min"])
+    say(f"hitproof: {requests_h} requests in {soak_s:.1f} s = {fmt(h['requests_per_s'])}/s, {hits_h} hits = "
+        f"{fmt(h['hits_per_min'])}/min, {checked} checked = {fmt(h['checked_per_min'])}/min; verdict {report.get('verdict')}")
+    say(f"raw client: {len(raw)} requests in {replay_s:.1f} s = {fmt(r['requests_per_s'])}/s, {hits_r} hits = "
+        f"{fmt(r['hits_per_min'])}/min, {r['errors']} errors")
+    say(f"ratio hitproof/raw: requests/s {fmt(result['rate_ratio'], 3)}, hits/min {fmt(result['hits_per_min_ratio'], 3)} "
+        f"(goal: within 10%, >= 0.9)")
+    say(f"CPU per request: hitproof {fmt(per(cpu * 1000, requests_h))} ms ({cpu:.1f} s), raw client "
+        f"{fmt(per(cpu_r * 1000, len(raw)))} ms ({cpu_r:.1f} s); ratio {fmt(per(h['cpu_s_per_request'], r['cpu_s_per_request']), 1)}")
+    say(f"default's target ({DEFAULT_TARGET} checked hits) at this rate: "
+        f"{fmt(result['minutes_to_default_target'], 2)} min of soak (goal: within 1 min)")
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--attach", required=True, metavar="URL", help="a running server (http://127.0.0.1:PORT)")
+    parser.add_argument("--scenario", default=str(ROOT / "scenarios" / "hybrid-quick.toml"),
+                        help="the scenario soaked (default: %(default)s)")
+    parser.add_argument("--out", metavar="DIR", help="where logs and result.json go (default logs/rate-STAMP/)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds each of H and R may take (default %(default)g)")
+    args = parser.parse_args(argv)
+    url = args.attach.rstrip("/").removesuffix("/v1")
+    out = Path(args.out) if args.out else ROOT / "logs" / f"rate-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        result = measure(url, args.scenario, out, args.timeout)
+    except evidence_rate.Problem as exc:
+        print(f"rate: error: {exc}", file=sys.stderr)
+        return exc.code
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,507 @@
+"""The GPU run of issue 24, on the device machine (one H200, no network), from the repository root:
+
+    bash benchmarks/gpu/run.sh collect        # pieces carried by this call -> STATE; all there: assemble, install
+    bash benchmarks/gpu/run.sh soak bf16      # vLLM 0.26 with a bf16 state cache: soaks, faults, mix, rate
+    bash benchmarks/gpu/run.sh soak f32       # the same with a float32 state cache
+    bash benchmarks/gpu/run.sh status | stop | pack
+
+Python 3 standard library only (the steps before install must run on the bare image). Every step is
+resumable: it leaves a marker in the state folder (HPGPU_STATE, default /tmp/hpgpu) and is skipped
+when the marker is there; a step that stops on its time budget (HPGPU_BUDGET_S seconds from the start
+of the call, default 480: a device call may run 10 minutes) is continued by running the same command
+again. The state folder lives only while the machine does (it stays warm 30 s after a call).
+
+Steps:
+  collect           move benchmarks/gpu/bundle/part-* and manifest.json (carried by this call) into
+                    STATE/pieces; when every piece of the manifest is there, assemble and install
+  assemble          join the pieces, check each piece's, the tar's and every file's sha256, unpack
+  install           python3 -m pip install --no-index --no-deps --target STATE/site (the wheels); import check
+  serve DTYPE       start vLLM 0.26 on 127.0.0.1 (state cache bf16 or f32; another dtype's server is
+                    stopped first), in its own session so it outlives the call; wait until it answers
+  soak DTYPE        serve DTYPE, then each of ITEMS below (hitproof from this checkout, `python3 -m tui`),
+                    then benchmarks/gpu/rate.py; the server stays up between calls
+  stop              stop the server
+  status            markers, pieces, server
+  pack              results -> $OUT/gpu/results.tar.gz and $OUT/gpu/summary.txt (every step ends with it)
+
+Results go to STATE/results (HPGPU_RESULTS to change it): per item its log (.jsonl), console output,
+`hitproof report --format json`, and one verdict line in verdicts.txt; the server's output per dtype.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+STATE = Path(os.environ.get("HPGPU_STATE", "/tmp/hpgpu"))
+RESULTS = Path(os.environ.get("HPGPU_RESULTS", str(STATE / "results")))
+BUDGET_S = float(os.environ.get("HPGPU_BUDGET_S", "480"))
+READY_S = float(os.environ.get("HPGPU_READY_S", "300"))
+PORT = int(os.environ.get("HPGPU_PORT", "8321"))
+CARRIED = ROOT / "benchmarks" / "gpu" / "bundle"
+MODEL_NAME = "qwen3next-tiny"
+STATE_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
+VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1", "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}
+VLLM_FLAGS = ["--gdn-prefill-backend", "triton", "--moe-backend", "triton", "--enable-prefix-caching",
+              "--enable-prompt-tokens-details", "--dtype", "bfloat16", "--max-model-len", "8192"]
+# (name, scenario, proxy mode or None, what a correct hitproof must say)
+ITEMS = [
+    ("clean", "scenarios/hybrid-quick.toml", None, "clean"),
+    ("fp_zero", "scenarios/hybrid-quick.toml", "fp_zero", "fail"),
+    ("fp_stale", "scenarios/hybrid-quick.toml", "fp_stale", "fail"),
+    ("fp_foreign", "scenarios/hybrid-quick.toml", "fp_foreign", "fail"),
+    ("mix", "scenarios/mix-quick.toml", None, "clean"),
+]
+ITEM_TIMEOUT_S = 300
+T0 = time.monotonic()
+
+
+class Stop(Exception):
+    """One line for the user; exit code 1 (2: the step cannot run yet, 3: the time budget is spent)."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def say(step: str, line: str) -> None:
+    print(f"[hpgpu {time.strftime('%H:%M:%S', time.gmtime())}Z +{time.monotonic() - T0:5.0f}s] {step}: {line}",
+          flush=True)
+
+
+def marker(name: str) -> Path:
+    return STATE / "done" / name
+
+
+def done(name: str) -> bool:
+    return marker(name).is_file()
+
+
+def mark(name: str, text: str = "") -> None:
+    marker(name).parent.mkdir(parents=True, exist_ok=True)
+    marker(name).write_text(text + "\n")
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def left_s() -> float:
+    return BUDGET_S - (time.monotonic() - T0)
+
+
+# --- collect, assemble, install ----------------------------------------------------------------------
+
+def manifest() -> dict | None:
+    path = STATE / "pieces" / "manifest.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def collect() -> None:
+    pieces = STATE / "pieces"
+    pieces.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for path in sorted(CARRIED.glob("part-*")) + sorted(CARRIED.glob("manifest.json")):
+        shutil.move(str(path), str(pieces / path.name))     # the carried copy is not needed twice
+        moved.append(path.name)
+    say("collect", f"moved {', '.join(moved) if moved else 'nothing'} into {pieces}")
+    m = manifest()
+    have = sorted(p.name for p in pieces.glob("part-*"))
+    if m is None:
+        raise Stop("collect: no manifest.json yet: carry benchmarks/gpu/bundle/manifest.json with a piece", 2)
+    wanted = [p["name"] for p in m["pieces"]]
+    missing = [n for n in wanted if n not in have]
+    say("collect", f"{len(wanted) - len(missing)} of {len(wanted)} pieces here"
+                   + (f"; still to carry: {' '.join(missing)}" if missing else ""))
+    if missing:
+        raise Stop(f"collect: {len(missing)} piece(s) still to carry: {' '.join(missing)}", 2)
+    assemble()
+    install()
+
+
+def assemble() -> None:
+    if done("assembled"):
+        say("assemble", "done before: skipped")
+        return
+    m = manifest()
+    if m is None:
+        raise Stop("assemble: no manifest: run collect with the pieces first", 2)
+    pieces = STATE / "pieces"
+    tar_path = STATE / "bundle.tar"
+    h = hashlib.sha256()
+    with tar_path.open("wb") as out:
+        for p in m["pieces"]:
+            path = pieces / p["name"]
+            if not path.is_file():
+                raise Stop(f"assemble: {p['name']} is missing", 2)
+            data = path.read_bytes()
+            if hashlib.sha256(data).hexdigest() != p["sha256"] or len(data) != p["bytes"]:
+                path.unlink()
+                raise Stop(f"assemble: {p['name']} has the wrong sha256 or size (removed: carry it again)")
+            out.write(data)
+            h.update(data)
+    if h.hexdigest() != m["tar_sha256"]:
+        raise Stop("assemble: the joined tar's sha256 differs from the manifest's")
+    say("assemble", f"{len(m['pieces'])} pieces joined, {m['tar_bytes'] / 2**20:.1f} MiB, tar sha256 checked")
+    bundle = STATE / "bundle"
+    shutil.rmtree(bundle, ignore_errors=True)
+    bundle.mkdir(parents=True)
+    with tarfile.open(tar_path) as tar:
+        for member in tar.getmembers():
+            if member.name.startswith(("/", "..")) or "/../" in member.name or not (member.isfile() or member.isdir()):
+                raise Stop(f"assemble: unexpected member {member.name!r} in the tar")
+        tar.extractall(bundle)
+    bad = [name for name, f in m["files"].items()
+           if not (bundle / name).is_file() or sha256(bundle / name) != f["sha256"]]
+    if bad:
+        raise Stop(f"assemble: {len(bad)} file(s) differ from the manifest: {', '.join(bad[:5])}")
+    tar_path.unlink()
+    mark("assembled", m["tar_sha256"])
+    say("assemble", f"{len(m['files'])} files unpacked into {bundle}, every sha256 checked")
+
+
+def install(target: Path | None = None) -> None:
+    if done("installed") and target is None:
+        say("install", "done before: skipped")
+        return
+    target = target or STATE / "site"
+    wheels = sorted((STATE / "bundle" / "wheels").glob("*.whl"))
+    if not wheels:
+        raise Stop("install: no wheels: assemble first", 2)
+    shutil.rmtree(target, ignore_errors=True)
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                          "--no-cache-dir", "--disable-pip-version-check", "--target", str(target), *map(str, wheels)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise Stop(f"install: pip failed: {(out.stderr or out.stdout).strip()[-1500:]}")
+    say("install", f"{len(wheels)} wheels into {target} in {time.monotonic() - started:.0f} s")
+    check = subprocess.run([sys.executable, "-c", "import vllm, textual, fastapi, openai; "
+                            "print('vllm', vllm.__version__, 'textual', textual.__version__)"],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)}, timeout=300)
+    if check.returncode != 0:
+        raise Stop(f"install: import check failed: {check.stderr.strip()[-1500:]}")
+    say("install", f"import check: {check.stdout.strip()}")
+    if target == STATE / "site":
+        mark("installed", check.stdout.strip())
+
+
+# --- the server ----------------------------------------------------------------------------------------
+
+def server_info() -> dict | None:
+    path = STATE / "server.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:                                     # a zombie of this process counts as gone
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return True
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def stop_server() -> None:
+    info = server_info()
+    if info is None:
+        say("stop", "no server")
+        return
+    pid = info["pid"]
+    if alive(pid):
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except OSError:
+            pass
+        for _ in range(60):
+            if not alive(pid):
+                break
+            time.sleep(0.5)
+        else:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    (STATE / "server.json").unlink(missing_ok=True)
+    say("stop", f"vLLM ({info['dtype']} state cache, pid {pid}) stopped")
+
+
+def serve(dtype: str) -> str:
+    if not done("installed"):
+        raise Stop("serve: install first (collect)", 2)
+    info = server_info()
+    url = f"http://127.0.0.1:{PORT}"
+    log = RESULTS / f"vllm-{dtype}.log"
+    if info and info["dtype"] == dtype and alive(info["pid"]):
+        if answers(url):
+            say(f"serve {dtype}", f"vLLM already up (pid {info['pid']}, ready after {info.get('ready_s')} s)")
+            return url
+        say(f"serve {dtype}", f"vLLM (pid {info['pid']}) still starting: waiting on it")
+        return wait_ready(dtype, url, info, log, None)
+    if info:
+        stop_server()
+    model = STATE / "bundle" / "model" / f"{MODEL_NAME}-vllm-hf"
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(PORT), *VLLM_FLAGS,
+            "--mamba-ssm-cache-dtype", STATE_DTYPES[dtype]]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    cache = STATE / "vllm-cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **VLLM_ENV, "PYTHONPATH": str(STATE / "site"), "VLLM_CACHE_ROOT": str(cache)}
+    with log.open("ab") as out:
+        out.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())}Z {' '.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(argv, cwd=STATE, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)   # outlives this call
+    info = {"pid": proc.pid, "dtype": dtype, "url": url, "argv": argv, "env": VLLM_ENV, "started": time.time()}
+    (STATE / "server.json").write_text(json.dumps(info))
+    (RESULTS / f"vllm-{dtype}.argv.txt").write_text(
+        " ".join(f"{k}={v}" for k, v in VLLM_ENV.items()) + " " + " ".join(argv) + "\n")
+    say(f"serve {dtype}", f"started vLLM (pid {proc.pid}) with --mamba-ssm-cache-dtype {STATE_DTYPES[dtype]}; "
+                          f"waiting up to {READY_S:.0f} s")
+    return wait_ready(dtype, url, info, log, proc)
+
+
+def wait_ready(dtype: str, url: str, info: dict, log: Path, proc: subprocess.Popen | None) -> str:
+    """Until the server answers /v1/models (READY_S from its start, or this call's budget), or exits."""
+    last = 0.0
+    while time.time() - info["started"] < READY_S and left_s() > 20:
+        if (proc.poll() is not None) if proc is not None else not alive(info["pid"]):
+            tail = log.read_text(errors="replace").splitlines()[-25:]
+            (STATE / "server.json").unlink(missing_ok=True)
+            raise Stop(f"serve {dtype}: vLLM exited:\n" + "\n".join(tail))
+        if answers(url):
+            info["ready_s"] = round(time.time() - info["started"], 1)
+            (STATE / "server.json").write_text(json.dumps(info))
+            say(f"serve {dtype}", f"vLLM ready after {info['ready_s']:.0f} s on {url}")
+            return url
+        if time.monotonic() - last >= 30:
+            last = time.monotonic()
+            lines = log.read_text(errors="replace").strip().splitlines()
+            say(f"serve {dtype}", f"starting ({time.time() - info['started']:.0f} s): {lines[-1][:160] if lines else ''}")
+        time.sleep(2)
+    if time.time() - info["started"] >= READY_S:
+        raise Stop(f"serve {dtype}: vLLM did not answer within {READY_S:.0f} s of its start (its output: {log})")
+    raise Stop(f"serve {dtype}: still starting when the call's budget ran out: run the same command again", 3)
+
+
+# --- soaks -----------------------------------------------------------------------------------------------
+
+def hitproof_env() -> dict:
+    return {**os.environ, "PYTHONPATH": f"{STATE / 'site'}:{ROOT}", "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
+
+
+def start_proxy(mode: str, upstream: str, stats: Path) -> tuple[subprocess.Popen, str]:
+    port_file = stats.with_suffix(".port")
+    port_file.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, str(HERE / "proxy.py"), mode, upstream, "--port-file", str(port_file),
+                             "--stats", str(stats)], cwd=ROOT, env=hitproof_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=(RESULTS / f"{stats.stem}.err.txt").open("wb"))
+    for _ in range(100):
+        if port_file.is_file() and port_file.read_text().strip():
+            return proc, port_file.read_text().strip()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise Stop(f"proxy {mode} did not start: {(RESULTS / f'{stats.stem}.err.txt').read_text()[-800:]}")
+
+
+def verdict_line(dtype: str, name: str, expect: str, code: int, report: dict | None, wall: float,
+                 proxy: dict | None) -> str:
+    if report is None:
+        return f"{dtype} {name}: exit {code}, no report ({wall:.0f} s) UNEXPECTED"
+    fails = sorted({f["kind"] for f in report.get("findings", []) if f.get("severity") == "fail"})
+    n_fail = sum(1 for f in report.get("findings", []) if f.get("severity") == "fail")
+    ok = (code in (0, 4) and not fails) if expect == "clean" else (code == 1 and bool(fails))
+    fp = ((report.get("power") or {}).get("evidence") or {}).get("fingerprint") or {}
+    parts = [f"{dtype} {name}: exit {code} verdict {report.get('verdict')}",
+             f"requests {report.get('requests')} hits {report.get('cache_hits')}",
+             f"fingerprint-checked hits {fp.get('checked_hits')}",
+             f"fail findings {n_fail} {fails}", f"{wall:.0f} s"]
+    if proxy is not None:
+        parts.append(f"proxy corrupted {proxy.get('corrupted')} of {proxy.get('generations')}")
+    parts.append(f"expected {expect}: {'as expected' if ok else 'UNEXPECTED'}")
+    return ", ".join(parts)
+
+
+def soak_item(dtype: str, url: str, name: str, scenario: str, mode: str | None, expect: str) -> None:
+    key = f"soak-{dtype}-{name}"
+    if done(key):
+        say(f"soak {dtype}", f"{name}: done before: skipped")
+        return
+    if left_s() < 90:
+        raise Stop(f"soak {dtype}: the call's time budget is spent before {name}: run the same command again", 3)
+    stem = RESULTS / f"{dtype}-{name}"
+    log = stem.with_suffix(".jsonl")
+    log.unlink(missing_ok=True)
+    proxy_proc, proxy_stats, target = None, None, url
+    if mode:
+        proxy_stats = RESULTS / f"{dtype}-{name}-proxy.json"
+        proxy_proc, target = start_proxy(mode, url, proxy_stats)
+    say(f"soak {dtype}", f"{name}: hitproof run --attach {target} --scenario {scenario}"
+                         + (f" (through the proxy, mode {mode})" if mode else ""))
+    started = time.monotonic()
+    argv = [sys.executable, "-m", "tui", "run", "--attach", target, "--scenario", scenario, "--headless",
+            "--record", str(log)]
+    try:
+        with stem.with_suffix(".console.txt").open("wb") as console:
+            proc = subprocess.run(argv, cwd=ROOT, env=hitproof_env(), stdin=subprocess.DEVNULL, stdout=console,
+                                  stderr=subprocess.STDOUT, timeout=min(ITEM_TIMEOUT_S, max(60, left_s())))
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        code = 124
+    finally:
+        if proxy_proc is not None:
+            proxy_proc.send_signal(signal.SIGTERM)
+            try:
+                proxy_proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proxy_proc.kill()
+    wall = time.monotonic() - started
+    report = None
+    if log.is_file():
+        rep = subprocess.run([sys.executable, "-m", "tui", "report", str(log), "--format", "json"], cwd=ROOT,
+                             env=hitproof_env(), capture_output=True, text=True, timeout=300)
+        stem.with_suffix(".report.json").write_text(rep.stdout or rep.stderr)
+        try:
+            report = json.loads(rep.stdout)
+        except ValueError:
+            report = None
+    proxy = json.loads(proxy_stats.read_text()) if proxy_stats and proxy_stats.is_file() else None
+    line = verdict_line(dtype, name, expect, code, report, wall, proxy)
+    with (RESULTS / "verdicts.txt").open("a") as out:
+        out.write(line + "\n")
+    say(f"soak {dtype}", line)
+    if code == 124:
+        raise Stop(f"soak {dtype}: {name} ran past its time limit", 3)
+    mark(key, line)
+
+
+def rate(dtype: str, url: str) -> None:
+    key = f"rate-{dtype}"
+    if done(key):
+        say(f"rate {dtype}", "done before: skipped")
+        return
+    if left_s() < 120:
+        raise Stop(f"rate {dtype}: the call's time budget is spent: run the same command again", 3)
+    out = RESULTS / f"{dtype}-rate"
+    say(f"rate {dtype}", f"benchmarks/gpu/rate.py --attach {url} --out {out}")
+    with (RESULTS / f"{dtype}-rate.console.txt").open("wb") as console:
+        proc = subprocess.run([sys.executable, str(HERE / "rate.py"), "--attach", url, "--out", str(out),
+                               "--timeout", str(max(60, left_s() - 30))], cwd=ROOT, env=hitproof_env(),
+                              stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT)
+    lines = (RESULTS / f"{dtype}-rate.console.txt").read_text(errors="replace").strip().splitlines()
+    summary = [line for line in lines if line.startswith("[rate]")][-6:]
+    with (RESULTS / "verdicts.txt").open("a") as f:
+        f.write("".join(f"{dtype} rate: {line}\n" for line in summary) or f"{dtype} rate: exit {proc.returncode}\n")
+    for line in summary:
+        say(f"rate {dtype}", line)
+    if proc.returncode != 0:
+        raise Stop(f"rate {dtype}: exit {proc.returncode}: {lines[-1] if lines else ''}")
+    mark(key)
+
+
+def soak(dtype: str) -> None:
+    url = serve(dtype)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for name, scenario, mode, expect in ITEMS:
+        soak_item(dtype, url, name, scenario, mode, expect)
+    rate(dtype, url)
+    say(f"soak {dtype}", "every item done")
+
+
+# --- results -----------------------------------------------------------------------------------------
+
+def status() -> str:
+    lines = [f"state {STATE}, results {RESULTS}"]
+    m = manifest()
+    have = sorted(p.name for p in (STATE / "pieces").glob("part-*")) if (STATE / "pieces").is_dir() else []
+    lines.append(f"pieces here: {len(have)}" + (f" of {len(m['pieces'])}" if m else " (no manifest yet)"))
+    marks = sorted(p.name for p in (STATE / "done").glob("*")) if (STATE / "done").is_dir() else []
+    lines.append(f"done: {' '.join(marks) or 'nothing'}")
+    info = server_info()
+    if info:
+        lines.append(f"server: {info['dtype']} pid {info['pid']} "
+                     f"{'up' if alive(info['pid']) and answers(info['url']) else 'not answering'}, "
+                     f"ready after {info.get('ready_s')} s")
+    return "\n".join(lines)
+
+
+def pack() -> None:
+    out_root = os.environ.get("OUT")
+    if not out_root or not RESULTS.is_dir():
+        return
+    dest = Path(out_root) / "gpu"
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest / "results.tar.gz", "w:gz") as tar:
+        tar.add(RESULTS, arcname="results")
+    summary = [status(), "", "verdicts:"]
+    verdicts = RESULTS / "verdicts.txt"
+    summary += verdicts.read_text().splitlines() if verdicts.is_file() else ["(none yet)"]
+    (dest / "summary.txt").write_text("\n".join(summary) + "\n")
+    size = (dest / "results.tar.gz").stat().st_size
+    say("pack", f"{dest}/results.tar.gz ({size / 2**20:.1f} MiB) and summary.txt")
+
+
+def main(argv: list[str]) -> int:
+    steps = {"collect": 0, "assemble": 0, "install": 0, "serve": 1, "soak": 1, "stop": 0, "status": 0, "pack": 0}
+    if not argv or argv[0] not in steps or len(argv) != 1 + steps[argv[0]] or \
+            (steps[argv[0]] and argv[1] not in STATE_DTYPES):
+        print(__doc__, file=sys.stderr)
+        return 2
+    STATE.mkdir(parents=True, exist_ok=True)
+    step = argv[0]
+    code = 0
+    try:
+        if step == "collect":
+            collect()
+        elif step == "assemble":
+            assemble()
+        elif step == "install":
+            install()
+        elif step == "serve":
+            serve(argv[1])
+        elif step == "soak":
+            soak(argv[1])
+        elif step == "stop":
+            stop_server()
+        elif step == "status":
+            print(status())
+    except Stop as exc:
+        say(step, f"stopped: {exc}")
+        code = exc.code
+    finally:
+        pack()
+    say(step, f"end (exit {code})")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -60,7 +60,7 @@ def _request_line(log: LoadedLog, request: int | None) -> str:
 def _ruled_out(log: LoadedLog, report: RunReport, finding: Finding) -> list[str]:
     ev = finding.evidence or {}
     out = []
-    control = ev.get("control_request") or ev.get("own_request")
+    control = ev.get("control_request") or ev.get("cold_request") or ev.get("own_request")
     if control is not None:
         out.append(f"- **The cold control** (the same prompt, not served from the cache): {_request_line(log, control)}.")
     colds = [r for r in ev.get("control_requests") or [] if r in log.ends]

@@ -126,7 +126,8 @@ def pick(log: LoadedLog, number: int | None) -> tuple[int, Finding]:
 
 def _others(log: LoadedLog) -> str:
     ok = [str(i) for i, f in enumerate(log.fails, start=1) if replayable(log, f) is None]
-    return f"; these can: --finding {', '.join(ok[:12])}" if ok else "; no fail-class finding of this log can"
+    more = f" and {len(ok) - 12} more" if len(ok) > 12 else ""
+    return f"; these can: --finding {', '.join(ok[:12])}{more}" if ok else "; no fail-class finding of this log can"
 
 
 def _identity(log: LoadedLog, start: RequestStarted) -> tuple[str, dict[str, Any]]:
@@ -188,7 +189,7 @@ def _seen(log: LoadedLog, request: int | None) -> dict[str, Any] | None:
 
 def _control_request(log: LoadedLog, finding: Finding) -> int | None:
     ev = finding.evidence or {}
-    for key in ("control_request", "own_request"):
+    for key in ("control_request", "cold_request", "own_request"):
         if isinstance(ev.get(key), int) and ev[key] in log.starts and ev[key] != finding.request:
             return ev[key]
     for key in ("control_requests", "twin_requests"):
@@ -220,7 +221,7 @@ def plan_repro(path: str | Path, number: int | None = None, repeats: int = REPEA
 def plan_for(log: LoadedLog, index: int, finding: Finding, repeats: int = REPEATS) -> dict[str, Any]:
     """The plan for one replayable fail-class finding (`index`: its 1-based number among them)."""
     hit = log.starts[finding.request]
-    settings, evidence = log.settings(), log.settings().get("evidence") or {}
+    evidence = log.settings().get("evidence") or {}
     control = _control_request(log, finding)
     cold_salt = log.starts[control].salt if control is not None else None
     steps = [{"role": "cold", "label": "cold reference (the hit's prompt under the control's salt)",
@@ -237,9 +238,7 @@ def plan_for(log: LoadedLog, index: int, finding: Finding, repeats: int = REPEAT
                   "body": _body(log, hit, hit.salt), "fresh_salt": False, "log": _seen(log, hit.request),
                   "repeats": repeats})
     codes = {m.code: m.memo for m in log.memos.values() if m.code}
-    tolerance = evidence.get("fingerprint_tolerance", 0.5)
-    if finding.phase == "determinism":
-        tolerance = (settings.get("determinism") or {}).get("logprob_tolerance", tolerance)
+    tolerance = evidence.get("fingerprint_tolerance", 0.5)     # what the judge compared fingerprints with
     server = log.server
     return {
         "finding": {"number": index, "of": len(log.fails), "kind": finding.kind, "phase": finding.phase,

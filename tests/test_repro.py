@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -227,3 +228,24 @@ def test_a_leak_is_replayed_with_the_request_that_wrote_the_other_memo(tmp_path)
     assert f"code {first['evidence']['code']} of memo {first['evidence']['owner']}" in out
     code, out = asyncio.run(run_script(script, "none", tmp_path))
     assert code == 0 and "10 of 10 hits right" in out, out
+
+
+def test_a_log_with_fields_null_or_missing_gives_a_line_not_a_crash(zero_log, tmp_path):
+    """Every optional field null (as tests/test_readable_output.py does for the other formats): the
+    issue still renders without a raw None, and repro refuses what it cannot rebuild (exit 2, one line)."""
+    events = [json.loads(line) for line in zero_log.read_text().splitlines()]
+    for event in events:
+        for key, value in list(event.items()):
+            if key in ("type", "seq", "t", "kind", "severity", "phase", "request", "schema"):
+                continue
+            if isinstance(value, dict):
+                event[key] = {k: None for k in value}
+            elif not isinstance(value, list):
+                event[key] = None
+    nulled = tmp_path / "nulled.jsonl"
+    nulled.write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
+    done = hitproof("report", str(nulled), "--format", "issue")
+    assert done.returncode == 0, done.stderr
+    assert not re.search(r"\bNone\b", done.stdout), done.stdout
+    done = hitproof("repro", str(nulled), "--output", str(tmp_path / "x.py"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "can be replayed" in done.stderr, done.stderr

@@ -77,7 +77,9 @@ def load(path: str | Path) -> LoadedLog:
 def prompt_of(log: LoadedLog, start: RequestStarted) -> str | None:
     """The request's whole prompt (or chat content), rebuilt from its memo and its logged tail;
     None when the log does not hold all of it."""
-    tail, n = start.prompt_tail or "", start.prompt_chars
+    tail, n = start.prompt_tail or "", start.prompt_chars or 0
+    if n <= 0:
+        return None
     if n == len(tail) and n < 160:
         return tail
     memo = log.memos.get(start.memo or "")
@@ -99,7 +101,7 @@ def replayable(log: LoadedLog, finding: Finding) -> str | None:
     if start is None:
         return f"the {finding.kind} finding names no request the log holds"
     if prompt_of(log, start) is None:
-        return (f"request {start.request}'s prompt ({start.prompt_chars} characters) is not in the log whole "
+        return (f"request {start.request}'s prompt ({start.prompt_chars or 'an unknown number of'} characters) is not in the log whole "
                 f"(only its memo and its last 160 characters are)")
     return None
 
@@ -153,8 +155,11 @@ def _body(log: LoadedLog, start: RequestStarted, salt: str | None) -> dict[str, 
     model, extra = _identity(log, start)
     prompt = prompt_of(log, start)
     body: dict[str, Any] = {"model": model, "max_tokens": start.max_tokens,
-                            "temperature": sampling.get("temperature", 0.0), "stream": True,
+                            "temperature": sampling.get("temperature"), "stream": True,
                             "stream_options": {"include_usage": True}}
+    for key in ("max_tokens", "temperature"):
+        if body[key] is None:               # not in the log: the server's default
+            del body[key]
     if start.api == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -182,9 +187,9 @@ def _seen(log: LoadedLog, request: int | None) -> dict[str, Any] | None:
     end = log.ends.get(request) if request is not None else None
     if end is None:
         return None
-    return {"request": request, "cached_tokens": end.cached_tokens, "text": end.text[:400],
-            "recall": (end.checks.get("recall") or {}).get("status"),
-            "fingerprint": end.checks.get("fingerprint")}
+    checks = end.checks or {}
+    return {"request": request, "cached_tokens": end.cached_tokens, "text": (end.text or "")[:400],
+            "recall": (checks.get("recall") or {}).get("status"), "fingerprint": checks.get("fingerprint")}
 
 
 def _control_request(log: LoadedLog, finding: Finding) -> int | None:

@@ -209,6 +209,9 @@ def main():
     except Problem as exc:
         print(f"repro: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("repro: interrupted", file=sys.stderr)
+        return 130
 
 
 def run(url, args, claim):
@@ -217,7 +220,9 @@ def run(url, args, claim):
     hits, hit_step = [], PLAN["steps"][-1]
     for step in PLAN["steps"]:
         body = dict(step["body"])
-        if step["fresh_salt"] and "cache_salt" not in body and "cache_prompt" not in body:
+        if step["fresh_salt"] and PLAN["run"]["dialect"] == "llamacpp":
+            body["cache_prompt"] = False            # llama.cpp has no salt: a cold request refuses reuse
+        elif step["fresh_salt"] and "cache_salt" not in body:
             body["cache_salt"] = f"hitproof-repro-{uuid.uuid4().hex[:12]}"
         for _ in range(args.repeats if step is hit_step else 1):
             answer = send(url, body, args.timeout)

@@ -58,7 +58,7 @@ an empty or repeating answer, as the finding's kind says) against the cold refer
 what it saw next to what the log saw.
 
 Exit codes: 0 the fault no longer shows; 1 it shows; 2 a usage or connection error (one line);
-4 nothing to judge (no re-sent hit was served from the cache).
+4 nothing to judge (no re-sent hit was served from the cache, or no log-probabilities to compare).
 """
 
 from __future__ import annotations
@@ -249,6 +249,9 @@ def run(url, args, claim):
     if not proven:
         print(f"NOTHING TO JUDGE: none of the {len(hits)} hits was served from the cache (cached tokens "
               f"{', '.join(str(h['cached']) for h in hits)})")
+        return 4
+    if claim == "fingerprint" and not (cold["logprobs"] and all(h["logprobs"] for h in proven)):
+        print("NOTHING TO JUDGE: the server returned no log-probabilities, so no fingerprint can be compared")
         return 4
     shown = [(h, why) for h in proven for why in [wrong(h, cold, claim)] if why]
     unknown = " (cached tokens not reported: hits assumed)" if any(h["cached"] is None for h in proven) else ""

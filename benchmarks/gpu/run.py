@@ -22,6 +22,9 @@ Steps:
                     then benchmarks/gpu/rate.py; the server stays up between calls
   stop              stop the server
   status            markers, pieces, server
+
+HPGPU_ATTACH=URL makes serve use a server already running instead of starting vLLM (to try the soak
+steps elsewhere, e.g. against the reference server: python -m tui.refserver --port P).
   pack              results -> $OUT/gpu/results.tar.gz and $OUT/gpu/summary.txt (every step ends with it)
 
 Results go to STATE/results (HPGPU_RESULTS to change it): per item its log (.jsonl), console output,
@@ -49,7 +52,7 @@ RESULTS = Path(os.environ.get("HPGPU_RESULTS", str(STATE / "results")))
 BUDGET_S = float(os.environ.get("HPGPU_BUDGET_S", "480"))
 READY_S = float(os.environ.get("HPGPU_READY_S", "300"))
 PORT = int(os.environ.get("HPGPU_PORT", "8321"))
-CARRIED = ROOT / "benchmarks" / "gpu" / "bundle"
+CARRIED = Path(os.environ.get("HPGPU_CARRIED", str(ROOT / "benchmarks" / "gpu" / "bundle")))   # what a call carries
 MODEL_NAME = "qwen3next-tiny"
 STATE_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1", "HF_HUB_OFFLINE": "1",
@@ -198,6 +201,11 @@ def install(target: Path | None = None) -> None:
     if check.returncode != 0:
         raise Stop(f"install: import check failed: {check.stderr.strip()[-1500:]}")
     say("install", f"import check: {check.stdout.strip()}")
+    check = subprocess.run([sys.executable, "-c", "import tui.cli, tui.core.soak.judge; print('hitproof imports')"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=300,
+                           env={**os.environ, "PYTHONPATH": f"{target}:{ROOT}"})
+    if check.returncode != 0:
+        raise Stop(f"install: hitproof does not import: {check.stderr.strip()[-1500:]}")
     if target == STATE / "site":
         mark("installed", check.stdout.strip())
 
@@ -253,6 +261,9 @@ def stop_server() -> None:
 
 
 def serve(dtype: str) -> str:
+    if os.environ.get("HPGPU_ATTACH"):            # a server already running (a test of these steps elsewhere)
+        say(f"serve {dtype}", f"HPGPU_ATTACH: using {os.environ['HPGPU_ATTACH']}, no vLLM started")
+        return os.environ["HPGPU_ATTACH"].rstrip("/")
     if not done("installed"):
         raise Stop("serve: install first (collect)", 2)
     info = server_info()
@@ -336,7 +347,7 @@ def start_proxy(mode: str, upstream: str, stats: Path) -> tuple[subprocess.Popen
 def verdict_line(dtype: str, name: str, expect: str, code: int, report: dict | None, wall: float,
                  proxy: dict | None) -> str:
     if report is None:
-        return f"{dtype} {name}: exit {code}, no report ({wall:.0f} s) UNEXPECTED"
+        return f"{dtype} {name}: exit {code}, no report ({wall:.0f} s) UNEXPECTED"       # the console's tail follows
     fails = sorted({f["kind"] for f in report.get("findings", []) if f.get("severity") == "fail"})
     n_fail = sum(1 for f in report.get("findings", []) if f.get("severity") == "fail")
     ok = (code in (0, 4) and not fails) if expect == "clean" else (code == 1 and bool(fails))
@@ -396,12 +407,16 @@ def soak_item(dtype: str, url: str, name: str, scenario: str, mode: str | None, 
             report = None
     proxy = json.loads(proxy_stats.read_text()) if proxy_stats and proxy_stats.is_file() else None
     line = verdict_line(dtype, name, expect, code, report, wall, proxy)
+    if report is None:
+        tail = [x for x in stem.with_suffix(".console.txt").read_text(errors="replace").splitlines() if x.strip()]
+        line += f": {tail[-1][:300] if tail else '(no output)'}"
     with (RESULTS / "verdicts.txt").open("a") as out:
         out.write(line + "\n")
     say(f"soak {dtype}", line)
     if code == 124:
         raise Stop(f"soak {dtype}: {name} ran past its time limit", 3)
-    mark(key, line)
+    if report is not None:               # without a report the item runs again on the next call
+        mark(key, line)
 
 
 def rate(dtype: str, url: str) -> None:
@@ -434,6 +449,9 @@ def soak(dtype: str) -> None:
     for name, scenario, mode, expect in ITEMS:
         soak_item(dtype, url, name, scenario, mode, expect)
     rate(dtype, url)
+    left = [name for name, *_ in ITEMS if not done(f"soak-{dtype}-{name}")]
+    if left:
+        raise Stop(f"soak {dtype}: no report from {' '.join(left)} (see verdicts.txt): run the same command again")
     say(f"soak {dtype}", "every item done")
 
 
@@ -456,18 +474,19 @@ def status() -> str:
 
 def pack() -> None:
     out_root = os.environ.get("OUT")
-    if not out_root or not RESULTS.is_dir():
+    if not out_root:
         return
     dest = Path(out_root) / "gpu"
     dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(dest / "results.tar.gz", "w:gz") as tar:
-        tar.add(RESULTS, arcname="results")
     summary = [status(), "", "verdicts:"]
     verdicts = RESULTS / "verdicts.txt"
     summary += verdicts.read_text().splitlines() if verdicts.is_file() else ["(none yet)"]
     (dest / "summary.txt").write_text("\n".join(summary) + "\n")
-    size = (dest / "results.tar.gz").stat().st_size
-    say("pack", f"{dest}/results.tar.gz ({size / 2**20:.1f} MiB) and summary.txt")
+    if RESULTS.is_dir():
+        with tarfile.open(dest / "results.tar.gz", "w:gz") as tar:
+            tar.add(RESULTS, arcname="results")
+        size = (dest / "results.tar.gz").stat().st_size
+        say("pack", f"{dest}/results.tar.gz ({size / 2**20:.1f} MiB) and summary.txt")
 
 
 def main(argv: list[str]) -> int:

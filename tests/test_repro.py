@@ -155,6 +155,8 @@ def test_report_format_issue_has_the_record_the_numbers_and_the_script(zero_log,
     suffix_hit = fail_number(zero_log, "recall_miss", 16)      # memo + a 40-token suffix + the question
     done = hitproof("repro", str(zero_log), "--finding", suffix_hit, "--output", str(tmp_path / "y.py"))
     assert done.returncode == 2 and "is not in the log whole" in done.stderr and "these can: --finding" in done.stderr
+    done = hitproof("report", str(zero_log), "--format", "issue", "--finding", suffix_hit)
+    assert done.returncode == 0 and "No standalone script for this finding: request 16's prompt" in done.stdout
 
 
 def test_bad_input_is_one_line_and_exit_2(zero_log, tmp_path):

@@ -180,6 +180,7 @@ class FingerprintCompared(Event):
     agreeing: int = 0           # leading tokens the same as the own fingerprint
     distance: float = 0.0       # largest log-probability difference from it (nats)
     closest: str | None = None  # for foreign_state: the memo whose fingerprint it matches
+    second: float = 0.0         # the second-largest per-position difference (nats; absent in older logs)
 
 
 @dataclass

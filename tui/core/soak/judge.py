@@ -247,7 +247,8 @@ class Judge:
         record.checks["fingerprint"] = {"verdict": verdict, "own_distance": mine.distance,
                                         "own_agreeing": mine.agreeing, "closest": owner}
         self.rq.emit(FingerprintCompared(request=record.request, own_request=own.request, verdict=verdict,
-                                             agreeing=mine.agreeing, distance=mine.distance, closest=owner))
+                                             agreeing=mine.agreeing, distance=mine.distance, closest=owner,
+                                             second=mine.second))
         if verdict == "match":
             return
         if verdict == "foreign_state":

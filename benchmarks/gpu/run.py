@@ -4,6 +4,7 @@
     bash benchmarks/gpu/run.sh soak bf16      # vLLM 0.26 with a bf16 state cache: soaks, faults, mix, rate
     bash benchmarks/gpu/run.sh soak f32       # the same with a float32 state cache
     bash benchmarks/gpu/run.sh status | stop | pack
+    bash benchmarks/gpu/run.sh collect serve bf16   # several steps in one call: one process, one time budget
 
 Python 3 standard library only (the steps before install must run on the bare image). Every step is
 resumable: it leaves a marker in the state folder (HPGPU_STATE, default /tmp/hpgpu) and is skipped
@@ -489,36 +490,61 @@ def pack() -> None:
         say("pack", f"{dest}/results.tar.gz ({size / 2**20:.1f} MiB) and summary.txt")
 
 
+STEPS = {"collect": 0, "assemble": 0, "install": 0, "serve": 1, "soak": 1, "stop": 0, "status": 0, "pack": 0}
+
+
+def parse(argv: list[str]) -> list[list[str]] | None:
+    """`collect serve bf16 soak bf16` -> [["collect"], ["serve", "bf16"], ["soak", "bf16"]]; None if malformed."""
+    steps, i = [], 0
+    while i < len(argv):
+        name = argv[i]
+        if name not in STEPS:
+            return None
+        args = argv[i + 1:i + 1 + STEPS[name]]
+        if len(args) != STEPS[name] or any(a not in STATE_DTYPES for a in args):
+            return None
+        steps.append([name, *args])
+        i += 1 + STEPS[name]
+    return steps or None
+
+
+def run_step(step: list[str]) -> None:
+    name, args = step[0], step[1:]
+    if name == "collect":
+        collect()
+    elif name == "assemble":
+        assemble()
+    elif name == "install":
+        install()
+    elif name == "serve":
+        serve(args[0])
+    elif name == "soak":
+        soak(args[0])
+    elif name == "stop":
+        stop_server()
+    elif name == "status":
+        print(status())
+
+
 def main(argv: list[str]) -> int:
-    steps = {"collect": 0, "assemble": 0, "install": 0, "serve": 1, "soak": 1, "stop": 0, "status": 0, "pack": 0}
-    if not argv or argv[0] not in steps or len(argv) != 1 + steps[argv[0]] or \
-            (steps[argv[0]] and argv[1] not in STATE_DTYPES):
+    """Each step in turn, in one process (one time budget); the first that stops ends the call."""
+    steps = parse(argv)
+    if steps is None:
         print(__doc__, file=sys.stderr)
         return 2
     STATE.mkdir(parents=True, exist_ok=True)
-    step = argv[0]
     code = 0
     try:
-        if step == "collect":
-            collect()
-        elif step == "assemble":
-            assemble()
-        elif step == "install":
-            install()
-        elif step == "serve":
-            serve(argv[1])
-        elif step == "soak":
-            soak(argv[1])
-        elif step == "stop":
-            stop_server()
-        elif step == "status":
-            print(status())
-    except Stop as exc:
-        say(step, f"stopped: {exc}")
-        code = exc.code
+        for step in steps:
+            try:
+                run_step(step)
+            except Stop as exc:
+                say(" ".join(step), f"stopped: {exc}")
+                code = exc.code
+                break
     finally:
         pack()
-    say(step, f"end (exit {code})")
+    say(" ".join(argv), f"end (exit {code})")
     return code
 
 

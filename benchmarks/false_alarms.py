@@ -360,6 +360,12 @@ class Server:
 
         spec = launch_spec(self.engine.kind, port=free_port(), model=self.engine.model,
                            extra_args=self.engine.extra_args)      # SetupError when not set up
+        if self.engine.kind == "vllm":
+            from tui.embedded import SetupError, tiny_vllm
+
+            if tiny_vllm.is_tiny(self.engine.model) and not (tiny_vllm.hf_dir(self.engine.model) / "config.json").is_file():
+                raise SetupError(f"{self.engine.model} is not built for vllm yet (hitproof setup --engine vllm "
+                                 f"--model {self.engine.model})")
 
         def on_line(line: str) -> None:
             found = enginelog.classify(line)
@@ -425,8 +431,9 @@ async def soak(server: Server, engine: Engine, seed: int, out: Path, timeout: fl
         result.update(log=str(log), verdict="error", exit_code=code, rows={}, fails=[], warns={}, infos={},
                       message=f"no log to measure ({exc}); console: {' / '.join(tail)}")
     if timed_out and result["verdict"] not in ("fail",):
-        result["verdict"] = "error"
-        result["message"] = f"timed out after {timeout:.0f} s; {result['message']}"
+        # stopped by this benchmark's budget, not ended by hitproof: counted apart from ERROR
+        result["verdict"] = "timed out"
+        result["message"] = f"stopped after {timeout:.0f} s (the --minutes budget); {result['message']}"
     return result
 
 
@@ -460,7 +467,7 @@ async def run_engine(engine: Engine, soaks: int, budget: Budget, share: float, o
                 report["stopped"] = "the server exited"
                 break
             seed = seed0 + i
-            timeout = min(3600.0, max(300.0, budget.left() + 300.0))
+            timeout = min(3600.0, max(600.0, budget.left() + 300.0))
             say(f"{engine.name}: soak {i + 1}/{soaks} (seed {seed}, scenario {engine.scenario})")
             result = await soak(server, engine, seed, out, timeout)
             say(f"{engine.name}: soak {i + 1}: {result['verdict'].upper()} in {result['seconds']:.0f} s "
@@ -534,8 +541,8 @@ def summary_lines(reports: list[dict]) -> list[str]:
             for f in s["fails"]:
                 lines.append(f"  FAIL finding in seed {s['seed']}: {f['kind']} ({f['phase']}, request "
                              f"{f['request']}): {f['detail'][:200]}")
-            if s["verdict"] in ("error", "incomplete"):
-                lines.append(f"  ERROR in seed {s['seed']}: {s['message'][:300]}")
+            if s["verdict"] in ("error", "incomplete", "timed out"):
+                lines.append(f"  {s['verdict'].upper()} in seed {s['seed']}: {s['message'][:300]}")
         if unexercised:
             lines.append(f"  not exercised: {', '.join(unexercised)}")
     return lines
@@ -595,6 +602,8 @@ async def main_async(args: argparse.Namespace) -> int:
     print("\n".join(summary_lines(reports)))
     print(f"FAIL verdicts: {counts.get('fail', 0)}, ERROR verdicts: {counts.get('error', 0) + counts.get('incomplete', 0)} "
           f"(goal: none); verdicts {counts or 'none'}; {seconds / 60:.1f} min; logs in {out}")
+    if counts.get("timed out"):
+        print(f"{counts['timed out']} soak(s) stopped by the --minutes budget (not counted as ERROR)")
     path = Path(args.json) if args.json else out / "false_alarms.json"
     path.write_text(json.dumps(to_json(reports, args, seconds), indent=1))
     print(f"json: {path}")

@@ -39,6 +39,8 @@ functions):
   counter agreement          per phase, |counter delta - reported cached tokens|, against 2 print
                              steps of the counter (tui.core.soak.proof.quantum: 0 below 10^6, exact)
   cold proven cold           cached tokens of requests meant to be cold, against their cold_tolerance
+  repetition                 main-arm hits: the most times one short unit repeats in a row
+                             (find_repetition itself, asked for fewer repeats), against its min_repeats
   single foreign group odds  the false-alarm odds of one 4-digit group of another memo's code; fires
                              BELOW the run's alarm rate (margin = odds / rate)
 
@@ -55,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import math
 import os
@@ -68,7 +71,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from tui.core.checks.detectors import SPIKE_FACTOR, compare_logprobs, fingerprint_match  # noqa: E402
+from tui.core.checks.detectors import (SPIKE_FACTOR, compare_logprobs, find_repetition,  # noqa: E402
+                                       fingerprint_match)
 from tui.core.log.events import (FingerprintCompared, Finding, MetricsSample, PhaseFinished, RequestFinished,  # noqa: E402
                                  RequestStarted, RunFinished, RunHeader)
 from tui.core.log.metric_names import LLAMA_CACHED, PREFIX_HITS  # noqa: E402
@@ -119,6 +123,7 @@ CHECKS = {
     "cold->hit TTFT hit/cold": ("hit as slow as cold", "at"),
     "counter agreement": ("2 x counter print step", "above"),
     "cold proven cold": ("cold_tolerance (tokens)", "above"),
+    "repetition (one unit repeated)": ("find_repetition min_repeats", "at"),
     "single foreign group odds": ("alarm rate", "below"),
 }
 
@@ -267,6 +272,10 @@ def measure_log(path: Path) -> dict:
 
     for request, start in starts.items():
         end = ends.get(request)
+        if (start.arm == "main" and end is not None and "repetition" in (end.checks or {})
+                and (end.cached_tokens or end.cached_min or 0) > 0):
+            rows["repetition (one unit repeated)"].add(float(repeats(end.text)), float(MIN_REPEATS),
+                                                        f"{name} request {request}")
         if start.expect == "cold" and end is not None and end.cold_tolerance is not None and _low(end) is not None:
             rows["cold proven cold"].add(float(_low(end)), float(end.cold_tolerance), f"{name} request {request}")
 
@@ -285,6 +294,17 @@ def measure_log(path: Path) -> dict:
         "infos": _count(f.kind for f in findings if f.severity == "info"),
         "checked": checked,
     }
+
+
+MIN_REPEATS = inspect.signature(find_repetition).parameters["min_repeats"].default
+
+
+def repeats(text: str) -> int:
+    """The most times one short unit repeats in a row (0: nothing repeats), by find_repetition itself."""
+    k = 1
+    while k < 10 * MIN_REPEATS and find_repetition(text, min_repeats=k + 1) is not None:
+        k += 1
+    return 0 if k == 1 else k
 
 
 def _count(kinds) -> dict[str, int]:

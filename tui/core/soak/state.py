@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..server.metrics import LLAMA_CACHED, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, MetricSnapshot, cached_tokens_delta, delta
 from ..report import fmt
+from ..report.latency import Series
 from .proof import quantum
 from .record import Record
 
@@ -28,8 +28,10 @@ class PhaseState:
     proven_by: dict[str, int] = field(default_factory=lambda: {"request": 0, "counter": 0})   # hits
     counter_members: int = 0          # main-arm requests that needed the counter
     counter_attributed: int = 0       # ... and came out proven hit or proven cold
-    ttft_cold: list[float] = field(default_factory=list)
-    ttft_hit: list[float] = field(default_factory=list)
+    # TTFT seconds, bounded (issue 26: as lists they grew 32 bytes a main request for the whole run);
+    # the median is Series.quantile(0.5), the same number as the report's p50
+    ttft_cold: Series = field(default_factory=Series)
+    ttft_hit: Series = field(default_factory=Series)
     last: Record | None = None
     inconclusive: list[str] = field(default_factory=list)
     findings: dict[str, int] = field(default_factory=lambda: {"fail": 0, "warn": 0, "info": 0})
@@ -122,8 +124,8 @@ class PhaseState:
                           "counter_attributed": self.counter_attributed, "counter_members": self.counter_members},
             "cached_tokens": self.cached_tokens,
             "prompt_tokens": self.prompt_tokens,
-            "ttft_cold_ms": fmt.to_ms(statistics.median(self.ttft_cold)) if self.ttft_cold else None,
-            "ttft_hit_ms": fmt.to_ms(statistics.median(self.ttft_hit)) if self.ttft_hit else None,
+            "ttft_cold_ms": fmt.to_ms(self.ttft_cold.quantile(0.5)) if self.ttft_cold else None,
+            "ttft_hit_ms": fmt.to_ms(self.ttft_hit.quantile(0.5)) if self.ttft_hit else None,
             "cold_failures": self.cold_failures,
             "model_failures": self.model_failures,
             "findings": dict(self.findings),

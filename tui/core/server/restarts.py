@@ -14,7 +14,7 @@ another server. Two signs, each enough:
 Ordering cannot fake the first sign (issue 26: behind a gateway that sends each request on its own
 upstream connection, two scrapes in flight came back out of order and a soak ended "restarted"):
 `in_order` takes one server's scrapes one at a time, stamps each with when it was sent, and when one
-shows a restart sign it reads /metrics again at once, returning that fresh scrape; `observe` ignores
+shows a restart sign (or a counter gone back) it reads /metrics again at once, returning that fresh scrape; `observe` ignores
 a scrape sent before one it has already judged.
 
 The engine feeds every /metrics snapshot to `observe`; a restart sets `seen`, and the soak ends
@@ -79,15 +79,17 @@ _LINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 async def in_order(server: object, fetch: Callable[[], Awaitable[MetricSnapshot | None]]) -> MetricSnapshot | None:
     """`fetch()` (one scrape of /metrics) for `server` (its client: the key of its line), never two in
-    flight at once, stamped with when it was sent. A scrape showing a restart sign against the last one
-    is read again at once and the fresh scrape returned: a reply that came late says nothing of now."""
+    flight at once, stamped with when it was sent. A scrape showing a restart sign or a counter gone back
+    against the last one is read again at once and the fresh scrape returned: a reply that came late (a
+    gateway's cached copy) says nothing of now, and counter windows must not take deltas from it."""
     line = _LINES.get(server)
     if line is None:
         line = _LINES[server] = _Line()
     async with line.lock:
         sent = time.monotonic_ns()
         snapshot = await fetch()
-        if _usable(snapshot) and _usable(line.last) and restart_sign(line.last, snapshot) is not None:
+        if _usable(snapshot) and _usable(line.last) and (counter_back(line.last, snapshot) is not None
+                                                         or restart_sign(line.last, snapshot) is not None):
             sent = time.monotonic_ns()
             snapshot = await fetch()
         if snapshot is not None:

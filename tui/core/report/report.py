@@ -74,6 +74,8 @@ class RunReport:
 
     def _on_finding(self, event: Finding) -> None:
         self.findings.append(event)
+        self.starts.pin(event.request)          # its row outlives the tables' window (tables.py)
+        self.ends.pin(event.request)
 
     def _on_fingerprint(self, event: FingerprintCompared) -> None:
         self.fingerprints[event.request] = event.verdict

@@ -21,6 +21,15 @@ from .power import proven_hit
 # names of the checks that ran: their results are in the log and in the app's model). Rows are
 # namedtuples: StartRow(request, seq, slot, round, phase, code, task, arm) and
 # EndRow(request, cached_tokens, error, checks).
+#
+# Bounded (issue 26): even slim, a row a request grew a night's soak by ~18 bytes a request (0.6 MB
+# an hour at 34,000 requests). What the reports read of them is len() (every request ever added,
+# kept as a count), the end table's `hits` (a count) and, for a finding, its request's row
+# (html.py: the code to mark in the answer). So a table keeps the rows of its last WINDOW ids, and
+# the rows of ids `pin`ned (RunReport pins every finding's request as the finding arrives, which is
+# right after the request, or after the flagged requests that isolation re-runs: the Requester keeps
+# only 512 recent records for later checks). Older rows are dropped a WINDOW at a time; iteration
+# and `in` see the rows kept. A table whose ids stop arriving in order keeps everything, as before.
 
 _NONE = -1
 _WIDER = {"b": "h", "B": "H", "h": "i", "H": "I", "i": "q", "I": "q"}
@@ -55,6 +64,7 @@ class _Table(Mapping):
     TYPECODES: tuple[str, ...] = ()
     ORDERED = True
     SPAN = 1 << 24
+    WINDOW = 16_384                                   # rows of the latest ids always kept (see above)
 
     def __init__(self) -> None:
         self._cols = [array(code) for code in self.TYPECODES]
@@ -66,6 +76,7 @@ class _Table(Mapping):
         self._far: dict[int, tuple] = {}
         self._writes = 0
         self._items: tuple[int, list] | None = None     # (writes, items): a report reads them several times
+        self._pinned: set[int] = set()                  # ids whose rows outlive the window
 
     def _offset(self, rid) -> int:
         """The column index of rid when it is stored there, else _NONE."""
@@ -90,6 +101,8 @@ class _Table(Mapping):
                 try:
                     for column, value in zip(self._cols, values):
                         column[offset] = value
+                    if offset >= 2 * self.WINDOW:
+                        self._slide()
                     return
                 except OverflowError:
                     pass                               # widen below (the row is already counted)
@@ -121,6 +134,30 @@ class _Table(Mapping):
                 except OverflowError:
                     cols[i] = _widened(cols[i], value)
                     cols[i][offset] = value
+        if self._last >= 2 * self.WINDOW:
+            self._slide()
+
+    def pin(self, rid) -> None:
+        """Keep this id's row (present or still to come) past the window."""
+        if isinstance(rid, int):
+            self._pinned.add(rid)
+
+    def _slide(self) -> None:
+        """Drop the rows before the last WINDOW offsets; pinned ones move to the far dict."""
+        if self._order is not None:                    # out of order: offsets are referenced, keep all
+            return
+        drop = self._last + 1 - self.WINDOW
+        base, present, cols = self._base, self._present, self._cols
+        for rid in self._pinned:
+            offset = rid - base
+            if 0 <= offset < drop and present[offset]:
+                self._far[rid] = tuple(column[offset] for column in cols)
+        for column in cols:
+            del column[:drop]
+        del present[:drop]
+        self._base = base + drop
+        self._last -= drop
+        self._writes += 1
 
     def _note_order(self, offset: int) -> None:
         self._n += 1
@@ -146,7 +183,11 @@ class _Table(Mapping):
             base = self._base
             far = sorted(rid - base for rid in self._far)
             return [o for o in far if o < 0] + near + [o for o in far if o >= 0]
-        return range(self._last + 1) if self._order is None else self._order
+        if self._order is None:
+            if self._far:                                # rows kept past the window (pinned): first
+                return sorted(rid - self._base for rid in self._far) + list(range(self._last + 1))
+            return range(self._last + 1)
+        return self._order
 
     def __len__(self) -> int:
         return self._n

@@ -112,8 +112,6 @@ async def test_a_gateway_that_drops_the_usage_is_unknown_never_zero(refserver, t
         assert all(e["cached_source"] == "unknown" for e in ends) and report["cache_hits"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26: a phase whose cached tokens are unknown on every request "
-                                       "sums them as 0 (report phases.<name>.cached_tokens, the summary's column)")
 async def test_a_phase_with_every_cached_token_unknown_does_not_sum_to_zero(refserver, tmp_path):
     gateway = await Nginx(refserver.url, buffering=False, drop="usage", hide_metrics=True).start()
     try:

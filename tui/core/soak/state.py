@@ -122,7 +122,8 @@ class PhaseState:
             "hits_proven": self.proof_sentence(),
             "proven_by": {"request": self.proven_by.get("request", 0), "counter": self.proven_by.get("counter", 0),
                           "counter_attributed": self.counter_attributed, "counter_members": self.counter_members},
-            "cached_tokens": self.cached_tokens,
+            # unknown is never zero: a phase where no request's cached tokens were known proved no sum
+            "cached_tokens": None if self.requests and self.unknown_cached == self.requests else self.cached_tokens,
             "prompt_tokens": self.prompt_tokens,
             "ttft_cold_ms": fmt.to_ms(self.ttft_cold.quantile(0.5)) if self.ttft_cold else None,
             "ttft_hit_ms": fmt.to_ms(self.ttft_hit.quantile(0.5)) if self.ttft_hit else None,

@@ -28,8 +28,9 @@ from .power import proven_hit
 # (html.py: the code to mark in the answer). So a table keeps the rows of its last WINDOW ids, and
 # the rows of ids `pin`ned (RunReport pins every finding's request as the finding arrives, which is
 # right after the request, or after the flagged requests that isolation re-runs: the Requester keeps
-# only 512 recent records for later checks). Older rows are dropped a WINDOW at a time; iteration
-# and `in` see the rows kept. A table whose ids stop arriving in order keeps everything, as before.
+# only 512 recent records for later checks). Older rows are dropped once 2 x WINDOW are held (at
+# most ~150 KB for both tables); iteration and `in` see the rows kept. A table whose ids stop
+# arriving in order keeps everything, as before.
 
 _NONE = -1
 _WIDER = {"b": "h", "B": "H", "h": "i", "H": "I", "i": "q", "I": "q"}
@@ -64,7 +65,7 @@ class _Table(Mapping):
     TYPECODES: tuple[str, ...] = ()
     ORDERED = True
     SPAN = 1 << 24
-    WINDOW = 16_384                                   # rows of the latest ids always kept (see above)
+    WINDOW = 4_096                                    # rows of the latest ids always kept (see above)
 
     def __init__(self) -> None:
         self._cols = [array(code) for code in self.TYPECODES]

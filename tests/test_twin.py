@@ -172,3 +172,23 @@ def test_tokens_that_part_at_a_near_tie_within_the_resume_bound_are_not_far():
     assert how_far(FingerprintMatch(0, False, 0.678, 0.0), FingerprintMatch(0, False, 0.4248, 0.0), 0.05) == "untold"
     # a zero state parting at once where another memo agrees 8 tokens (fp_stale on the H200): far
     assert how_far(FingerprintMatch(0, False, 1.19, 0.0), FingerprintMatch(8, False, 0.73, 0.2), 0.05) == "far"
+
+
+def test_on_a_model_whose_memos_hardly_move_the_answer_values_tell_nothing():
+    """vLLM 0.26 on an H200, the tiny Qwen3-Next (2026-12-02). Float32 state: a correct turn resumed at
+    2,176 tokens cost 0.224 at its second-largest position, beyond RESUME_FACTOR x 0.05, where another
+    memo agrees 9 tokens 0.89 apart: untold, not a fail. Bf16 state: other memos write the same 12 tokens
+    0.24 apart, and a zero state landed 0.06-0.15 from cold like a correct resume: fingerprints do not
+    resolve states there (resolves is False), so such hits leave the phase inconclusive, never a pass."""
+    from tui.core.checks.detectors import FingerprintMatch
+    from tui.core.soak.twin_judge import how_far, resolves
+
+    gpu_f32 = FingerprintMatch(12, True, 0.2793, 0.2240)
+    assert how_far(gpu_f32, FingerprintMatch(9, False, 0.8935, 0.4), 0.05) == "untold"
+    assert how_far(gpu_f32, None, 0.05) == "far"                                      # no scale: the bound decides
+    assert how_far(gpu_f32, FingerprintMatch(1, False, 1.5, 0.2), 0.05) == "far"      # memos part early (the CPU)
+    assert how_far(FingerprintMatch(12, True, 0.9, 0.6), FingerprintMatch(9, False, 0.8935, 0.4), 0.05) == "far"
+    assert not resolves(FingerprintMatch(12, True, 0.2425, 0.2), 0.05)
+    assert resolves(FingerprintMatch(12, True, 0.45, 0.3), 0.05)
+    assert resolves(FingerprintMatch(1, False, 0.3, 0.1), 0.05)                       # tokens tell them apart
+    assert resolves(None, 0.05)

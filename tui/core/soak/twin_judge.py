@@ -65,9 +65,15 @@ def how_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: fl
     resume cost that flips one is as far by tokens as another memo (measured, vLLM 0.26 on an H200, the
     tiny Qwen3-Next, bf16 state: a conversation turn resumed at 2,016 tokens, equal to its twin, parted
     at output token 0 where every other prompt parts at token 0 too; different memos there agree on 12
-    tokens elsewhere, 0.1-0.45 apart: a false FAIL by tokens, 2026-12-02)."""
+    tokens elsewhere, 0.1-0.45 apart: a false FAIL by tokens, 2026-12-02). Likewise a cost beyond
+    RESUME_FACTOR tolerances where the nearest other prompt agrees on at least half as many tokens and
+    lies less than 1/YARDSTICK_FRACTION times farther: resuming on that server may cost that much, and
+    another memo is not much farther (measured, same H200, float32 state: a correct conversation turn
+    resumed at 2,176 tokens, equal to its twin, 0.224 at its second-largest position, where another
+    memo's fingerprint agrees 9 tokens, 0.89 apart: a false FAIL by value)."""
     if tolerance is not None and cost.second > RESUME_FACTOR * tolerance:
-        return "far"
+        scaled = (yard is not None and math.isfinite(yard.distance) and 2 * yard.agreeing >= max(cost.agreeing, 1))
+        return "untold" if scaled and cost.second < YARDSTICK_FRACTION * yard.distance else "far"
     if yard is None:
         return "near"
     if yard.same_tokens and math.isfinite(yard.distance) and cost.second >= YARDSTICK_FRACTION * yard.distance:
@@ -79,6 +85,19 @@ def how_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: fl
     return "far" if cost.agreeing < yard.agreeing else "untold"
 
 
+def resolves(yard: FingerprintMatch | None, tolerance: float) -> bool:
+    """Do fingerprints tell one memo's state from another's on this server at the scale resuming costs?
+    Not when another memo's cold fingerprint (the same question) writes the very same tokens within twice
+    RESUME_FACTOR tolerances: the memo hardly moves the answer, so a restored state and a wrong one (a
+    zero state, another memo's) land alike. Measured, vLLM 0.26 on an H200, the tiny Qwen3-Next, bf16
+    state: other memos 0.24-0.26 apart with all 12 tokens the same; a proxy answering every hit from a
+    zero state (the memo removed) was 0.06-0.15 from cold, like the correct resume costs (0.05-0.09), and
+    passed (2026-12-02)."""
+    if yard is None or not yard.same_tokens or not math.isfinite(yard.distance):
+        return True
+    return yard.distance >= 2 * RESUME_FACTOR * tolerance
+
+
 class TwinJudge:
     def __init__(self, rq: Sender, fingerprints: FingerprintBook):
         self.rq = rq
@@ -87,17 +106,35 @@ class TwinJudge:
     def yardstick(self, own: Fingerprint) -> FingerprintMatch | None:
         """How close the nearest other memo's cold fingerprint is to this one's: for the same question
         when the run has one, else the nearest other prompt's (a conversation's turns share one memo)."""
+        return self._nearest(own)[0]
+
+    def _nearest(self, own: Fingerprint) -> tuple[FingerprintMatch | None, bool]:
+        """The yardstick, and whether it is another memo's (the same question) rather than any prompt's."""
         live = [fp for fp in self.fingerprints.live() if self.fingerprints.distinct(fp, own)]   # not itself
         same = [fp for fp in live if fp.task == own.task and fp.memo != own.memo]
         others = same or live
         matches = [self.fingerprints.match(fp.logprobs, own.logprobs) for fp in others]
-        return min(matches, key=lambda m: (-m.agreeing, m.distance), default=None)
+        return min(matches, key=lambda m: (-m.agreeing, m.distance), default=None), bool(same)
 
     async def judge(self, state: PhaseState, record: Record, own: Fingerprint, mine: FingerprintMatch,
                     reproduced: dict) -> bool:
         """Judge a hit whose deviation from its cold fingerprint reproduced (`reproduced`: the re-runs'
         evidence) against its twin; False when no twin could be made (the caller judges it)."""
         tolerance = self.rq.scenario.evidence.fingerprint_tolerance
+        yard, other_memo = self._nearest(own)
+        if other_memo and not resolves(yard, tolerance):
+            state.mark_inconclusive(f"request {record.request}: another memo's fingerprint writes the same tokens "
+                                    f"{yard.distance:.4f} apart: fingerprints do not tell states apart here")
+            self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict="unresolved",
+                            detail=(f"the hit differs from its cold fingerprint ({mine.agreeing} tokens as cold, "
+                                    f"{mine.distance:.4f} apart), reproducibly; but another memo's cold fingerprint "
+                                    f"writes the very same {yard.agreeing} tokens only {yard.distance:.4f} apart, "
+                                    f"under twice what resuming may cost ({2 * RESUME_FACTOR * tolerance:g}): the "
+                                    f"memo hardly moves this model's answer, so the fingerprint cannot tell a "
+                                    f"restored state from a wrong one (a model that recalls codes can, or longer "
+                                    f"fingerprints: evidence.fingerprint_tokens)"),
+                            yardstick=yard.distance, yardstick_agreeing=yard.agreeing, **reproduced)
+            return True
         twin = await make_twin(self.rq, state, record)
         if twin.record is None or not twin.record.completion.logprobs:
             why = twin.why or f"the twin (request {twin.record.request}) has no log-probabilities"
@@ -106,7 +143,6 @@ class TwinJudge:
             return False
         run = record.completion.logprobs
         vs_twin = self.fingerprints.match(run, twin.record.completion.logprobs)
-        yard = self.yardstick(own)
         from_cold = compare_logprobs(own.logprobs, run)        # where the hit's tokens leave the cold ones
         facts = dict(**reproduced)
         facts.update(own_request=own.request, twin_request=twin.record.request, twin_requests=twin.requests,

@@ -17,8 +17,11 @@ from support.servers import BackgroundServer
 
 pytestmark = pytest.mark.realserver
 HYBRID = str(ROOT / "scenarios" / "hybrid-quick.toml")
-# What a correct hybrid vLLM may leave a phase inconclusive for: the engine's reuse loss, named
-REUSE_LOSS = ("reported 0 cached tokens", "did not rise", "no request got a cache hit", "kept no state")
+# What a correct hybrid vLLM may leave a phase inconclusive for: the engine's reuse loss, named; and, on
+# this random-weight model, memos whose fingerprints write the same 12 tokens 0.22-0.27 apart (rotation),
+# too close to tell a restored state from a wrong one at what resuming costs (twin_judge.resolves)
+REUSE_LOSS = ("reported 0 cached tokens", "did not rise", "no request got a cache hit", "kept no state",
+              "fingerprints do not tell states apart")
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,17 @@ tracemalloc, and the allocation sites that grew between two snapshots written ou
 A diagnostic only: tracemalloc slows the run (so fewer requests than the real soak) and stays out of
 the product's normal path. The report gives, per site (by traceback, --depth frames), the bytes and
 blocks added between the snapshots, and the number of requests the run made between them (counted
-from the recorded log), so bytes per request can be read off.
+from the recorded log), so bytes per request can be read off. Every --every seconds the traced total
+(what Python allocated and still holds) and the process's RSS go to OUT's .json: traced flat while
+RSS grows means the growth is in the allocators, not in a structure that holds on. Snapshots are taken
+from a thread, so a few hundred bytes of a request in flight can show up as noise.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import sys
 import tempfile
@@ -50,6 +54,8 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--decode-ms", type=float, default=80.0)
     parser.add_argument("--out", default="soak-tracemalloc.txt")
+    parser.add_argument("--every", type=float, default=60.0,
+                        help="seconds between samples of traced memory and RSS (written next to --out, .json)")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="hitproof-tracemalloc-"))
     scenario = folder / "long-rotation.toml"
@@ -62,18 +68,20 @@ def main() -> int:
 
     def take(label: str) -> None:
         gc.collect()
-        snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
-        snaps.append((label, time.monotonic(), count_requests(log), snap, tracemalloc.get_traced_memory()))
+        before = tracemalloc.get_traced_memory()[0]
+        path = out.with_suffix(f".{label}.snapshot")
+        # dumped and dropped at once: the snapshot's own objects must not count as the run's growth
+        tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)]).dump(str(path))
+        snaps.append((label, time.monotonic(), count_requests(log), path, before))
         print(f"soak_tracemalloc: snapshot {label} at {time.monotonic() - started:.0f} s, "
-              f"traced {tracemalloc.get_traced_memory()[0] / 2**20:.2f} MB", file=sys.stderr, flush=True)
-        if len(snaps) == 2:
-            write_report()
+              f"traced {before / 2**20:.2f} MB", file=sys.stderr, flush=True)
 
     def write_report() -> None:
-        (l1, t1, r1, s1, m1), (l2, t2, r2, s2, m2) = snaps
+        (l1, t1, r1, p1, m1), (l2, t2, r2, p2, m2) = snaps
+        s1, s2 = tracemalloc.Snapshot.load(str(p1)), tracemalloc.Snapshot.load(str(p2))
         requests = max(1, r2 - r1)
         lines = [f"snapshots {l1} -> {l2}: {t2 - t1:.0f} s, {r2 - r1} requests, traced "
-                 f"{m1[0] / 2**20:.3f} -> {m2[0] / 2**20:.3f} MB ({(m2[0] - m1[0]) / requests:.1f} B/request)", ""]
+                 f"{m1 / 2**20:.3f} -> {m2 / 2**20:.3f} MB ({(m2 - m1) / requests:.1f} B/request)", ""]
         for key in ("lineno", "traceback"):
             lines.append(f"== by {key} ==")
             for stat in s2.compare_to(s1, key)[:args.top]:
@@ -87,11 +95,30 @@ def main() -> int:
         out.write_text("\n".join(lines))
         print(f"soak_tracemalloc: wrote {out}", file=sys.stderr, flush=True)
 
+    series: list[dict] = []
+
+    def sample() -> None:
+        with open("/proc/self/status") as handle:
+            rss = next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:"))
+        series.append({"t_s": round(time.monotonic() - started), "requests": count_requests(log),
+                       "traced_mb": round(tracemalloc.get_traced_memory()[0] / 2**20, 3),
+                       "rss_mb": round(rss / 1024, 2)})
+        out.with_suffix(".json").write_text(json.dumps(series, indent=1) + "\n")
+
+    def wait_until(at: float) -> None:
+        while time.monotonic() < at and not finished.is_set():
+            time.sleep(min(args.every, max(0.0, at - time.monotonic())))
+            if time.monotonic() - started >= len(series) * args.every:
+                sample()
+
     def watcher() -> None:
-        time.sleep(max(0.0, started + args.first * 60 - time.monotonic()))
+        wait_until(started + args.first * 60)
         take("first")
-        time.sleep(max(0.0, started + args.second * 60 - time.monotonic()))
+        wait_until(started + args.second * 60)
         take("second")
+        wait_until(started + args.minutes * 60 + 120)
+
+    finished = threading.Event()
 
     started = time.monotonic()
     thread = threading.Thread(target=watcher, daemon=True)
@@ -107,10 +134,13 @@ def main() -> int:
     finally:
         long_soak.stop(server)
     print(f"soak_tracemalloc: hitproof exited {code}; requests {count_requests(log)}", file=sys.stderr, flush=True)
-    thread.join(timeout=600 if len(snaps) else 0)      # the report is written from the watcher thread
+    finished.set()
+    thread.join(timeout=300)
     if len(snaps) < 2:
         print("soak_tracemalloc: the run ended before the second snapshot", file=sys.stderr)
         return 1
+    tracemalloc.stop()
+    write_report()
     return 0
 
 

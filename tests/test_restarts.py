@@ -120,7 +120,9 @@ async def test_quick_soak_through_a_reordering_proxy_never_errors(tmp_path, stal
     assert "restarted" not in result.out + result.err
     report = report_json(log)
     if result.code == 4:
-        assert report["verdict"] == "inconclusive" and report["reasons"], report
+        reasons = [why for phase in report["phases"].values() if phase["status"] == "inconclusive"
+                   for why in phase["reasons"]]
+        assert report["verdict"] == "inconclusive" and reasons, report      # a stated reason, never an error
     else:
         assert report["verdict"] == "pass"
     for name, phase in report["phases"].items():      # hits are proven by the counter, never assumed

@@ -1,7 +1,7 @@
 """Long validations of the partition and eviction phases on the real engines, moved out of CI (its time
 budget): the fault proxies on real answers (the reference server's salt_ignored, adapter_ignored and
 evict_stale faults prove the same detectors in the fast tier) and llama.cpp's clean partition. CI keeps
-one real case per engine: vLLM's clean partition, its batched-base LoRA bug, its eviction, and
+one real case per engine: vLLM's clean partition, its batched-base LoRA bug, and
 llama.cpp's base-without-a-lora-field bug (tests/test_real_partition.py). Run: see README.md here."""
 
 import json
@@ -11,9 +11,18 @@ import pytest
 from support.cli import scenario
 from support.corrupting_proxy import CorruptingProxy
 from support.servers import BackgroundServer
-from test_real_partition import EVICTION, _assert_proven, _leaks, _partition, _run, vllm  # noqa: F401  (a fixture)
+from test_real_partition import EVICTION, _assert_proven, _leaks, _partition, _run
 
 pytestmark = pytest.mark.realserver
+
+
+@pytest.fixture(scope="module")
+def vllm():
+    """Adapters a and b and the small cache the eviction cases need (CI's partition tests share a vLLM
+    without it since eviction moved here)."""
+    server = BackgroundServer("vllm", lora=True, small_cache=True).start()
+    yield server
+    server.stop()
 
 
 async def _lora_swap_is_caught(url: str, tmp_path, **partition) -> None:

@@ -1,6 +1,8 @@
 """Long validations on the real vLLM (CPU), moved out of CI (its time budget, 2026-12-02): the mix phase
-on Gemma, the eviction phase on a small cache, the cache-option matrix (two launched servers), and the
-embedded hybrid vLLM from one command (vLLM's default float32 state). CI keeps the quick soak, the
+on Gemma, the eviction phase on a small cache, the cache-option matrix (two launched servers), the
+embedded hybrid vLLM from one command (vLLM's default float32 state), the embedded vLLM launched, recorded
+and stopped by `hitproof run --engine vllm` (CI's first step runs that command), and vLLM without
+--enable-prompt-tokens-details (hits proven by counter only; the reference server's twin stays in CI). CI keeps the quick soak, the
 corrupted-answer detectors, the agent replay, the partition's real bug on vLLM, and the hybrid vLLM's
 clean bf16 soak with its wrong-state cases. Run: see README.md here."""
 
@@ -14,6 +16,7 @@ from support.cli import ROOT, report_json, run_hitproof, scenario
 from support.servers import BackgroundServer
 from test_matrix import PROFILES, no_server_left
 from test_real_partition import EVICTION, _run
+from test_real_vllm import COUNTER_SCENARIO
 from test_real_vllm_hybrid import HYBRID, no_fail_and_phases_proven
 
 pytestmark = pytest.mark.realserver
@@ -116,3 +119,47 @@ recall_max_tokens = 20
 [phases.cold_hit]
 suffix_tokens = 100
 """
+
+
+async def test_embedded_vllm_is_launched_recorded_and_stopped(tmp_path):
+    import subprocess
+    log = tmp_path / "embedded.jsonl"
+    small = scenario(tmp_path, '[scenario]\nphases = ["cold_hit"]\n[evidence]\nmemo_tokens = 520\n')
+    result = await run_hitproof("run", "--engine", "vllm", "--scenario", str(small), "--headless",
+                                "--record", str(log), timeout=1200)
+    assert result.code == 0, result.out + result.err
+    assert "Traceback" not in result.err and "Exception ignored" not in result.err, result.err
+    header = json.loads(log.read_text().splitlines()[0])
+    command = header["target"]["launch_command"]
+    assert "vllm.entrypoints.openai.api_server" in command and "--enable-prefix-caching" in command
+    port = command.split("--port ")[1].split()[0]
+    left = subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True, text=True).stdout.split()
+    assert left == [], f"server processes left behind: {left}"
+    server = next(json.loads(line) for line in log.read_text().splitlines() if '"type":"server"' in line)
+    assert server["version"] == "0.32.0" and server["dialect"] == "vllm"
+
+
+async def test_vllm_without_prompt_tokens_details_never_passes_with_unproven_hits(tmp_path):
+    # vLLM's default: no per-request cached tokens. Its counters still move: hitproof attributes
+    # them to requests; a PASS must rest on hits that were proven that way, never on unknowns.
+    server = BackgroundServer("vllm", without=("--enable-prompt-tokens-details",)).start()
+    log = tmp_path / "counter.jsonl"
+    try:
+        result = await run_hitproof("run", "--attach", server.url, "--scenario",
+                                    str(scenario(tmp_path, COUNTER_SCENARIO)), "--headless", "--record", str(log),
+                                    timeout=1800)
+    finally:
+        server.stop()
+    print(result.out[-3000:])
+    report = report_json(log)
+    assert result.code in (0, 4), result.out + result.err
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert next(e for e in events if e["type"] == "server")["cached_report"] == "counter"
+    ends = [e for e in events if e["type"] == "request_end"]
+    assert ends and all(e["cached_source"] != "request" for e in ends)
+    for name, phase in report["phases"].items():
+        if phase["status"] == "pass":
+            assert phase["hits"] > 0 and "by counter" in phase["hits_proven"], (name, phase)
+    # measured here: every request of these phases was attributed (sequential ones exactly, rotation
+    # rounds as lower bounds), so the run passes on proven hits
+    assert report["verdict"] == "pass", report["phases"]

@@ -457,7 +457,8 @@ async def soak(server: Server, engine: Engine, seed: int, out: Path, timeout: fl
     return result
 
 
-async def run_engine(engine: Engine, soaks: int, budget: Budget, share: float, out: Path, seed0: int) -> dict:
+async def run_engine(engine: Engine, soaks: int, budget: Budget, share: float, out: Path, seed0: int,
+                     grace: float = 300.0) -> dict:
     """Start the engine's server once, soak it up to `soaks` times within `share` seconds."""
     began = time.monotonic()
     report = {"engine": engine.name, "words": engine.words, "scenario": engine.scenario,
@@ -487,7 +488,7 @@ async def run_engine(engine: Engine, soaks: int, budget: Budget, share: float, o
                 report["stopped"] = "the server exited"
                 break
             seed = seed0 + i
-            timeout = min(3600.0, max(600.0, budget.left() + 300.0))
+            timeout = min(3600.0, max(30.0, budget.left() + grace))
             say(f"{engine.name}: soak {i + 1}/{soaks} (seed {seed}, scenario {engine.scenario})")
             result = await soak(server, engine, seed, out, timeout)
             say(f"{engine.name}: soak {i + 1}: {result['verdict'].upper()} in {result['seconds']:.0f} s "
@@ -611,7 +612,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 reports.append({"engine": name, "words": ENGINES[name].words, "status": "skipped",
                                 "why": "the --minutes budget was spent", "soaks": []})
                 continue
-            reports.append(await run_engine(ENGINES[name], args.soaks, budget, share, out, args.seed))
+            reports.append(await run_engine(ENGINES[name], args.soaks, budget, share, out, args.seed, args.grace))
     for report in reports:
         report["combined"] = combine(report)
     seconds = time.monotonic() - started
@@ -639,6 +640,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--minutes", type=float, default=None,
                         help="the whole run's budget: no soak is started past it (each engine gets an equal "
                              "share of what is left)")
+    parser.add_argument("--grace", type=float, default=300.0,
+                        help="seconds a soak may run past the --minutes budget before it is stopped (its log, "
+                             "ended by Ctrl-C, is still measured); default 300")
     parser.add_argument("--seed", type=int, default=101, help="the first soak's seed; soak i uses seed + i")
     parser.add_argument("--out", help="folder for the logs (default logs/false-alarms-STAMP/)")
     parser.add_argument("--json", help="write the JSON here (default OUT/false_alarms.json)")

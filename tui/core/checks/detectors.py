@@ -237,6 +237,7 @@ def compare_logprobs(a: list[list], b: list[list]) -> LogprobComparison:
 # hit with all 12 greedy tokens the same: alternatives near -9.5 nats (p 0.0001) moved by up to 0.76
 # nats, alternatives above 1% by at most 0.38, the chosen tokens by at most 0.19 (vLLM CPU: 2.7e-5).
 # A wrong state moves the tokens the model actually considers, and the chosen one always counts.
+# false-alarm margin: it shapes the fingerprint rows of benchmarks/RESULTS.md (issue 26), not a row of its own.
 ALTERNATIVE_FLOOR = -4.6
 
 # A fingerprint matches when at most one position deviates beyond the tolerance, and that one by at
@@ -253,6 +254,7 @@ ALTERNATIVE_FLOOR = -4.6
 # reproduced on 5 re-hits and never cold. The faults this project has caught move a second position
 # beyond the tolerance too (llama.cpp's base resuming adapter b's cache: 0.93 and 0.74), and the
 # partition phase on vLLM judges at its calibrated 0.05 (a spike may reach 0.15 there).
+# false-alarm margin: see benchmarks/RESULTS.md, fingerprint largest: llama.cpp Gemma 3.93x (twin-less: 2nd-largest 1.85x).
 SPIKE_FACTOR = 3.0
 
 
@@ -346,6 +348,7 @@ def near_tie_explains(match: "FingerprintMatch", flip: LogprobComparison, tolera
 # 2 runs of 2 on 2026-12-01 passed with the fault present. Calibrated, vLLM's tolerance is the
 # floor, 0.05, and those answers are off by 5-9 times it; llama.cpp's stays 0.5. A fault that moves
 # the same-identity answers too only raises the tolerance back towards the scenario's.
+# false-alarm margin: not measured yet (benchmarks/RESULTS.md, issue 26: no scenario there runs the partition phase).
 CALIBRATION_FACTOR = 10.0
 CALIBRATION_FLOOR = 0.05
 

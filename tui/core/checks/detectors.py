@@ -254,7 +254,7 @@ ALTERNATIVE_FLOOR = -4.6
 # reproduced on 5 re-hits and never cold. The faults this project has caught move a second position
 # beyond the tolerance too (llama.cpp's base resuming adapter b's cache: 0.93 and 0.74), and the
 # partition phase on vLLM judges at its calibrated 0.05 (a spike may reach 0.15 there).
-# false-alarm margin: see benchmarks/RESULTS.md, fingerprint largest: llama.cpp Gemma 3.93x (twin-less: 2nd-largest 1.85x).
+# false-alarm margin: see benchmarks/RESULTS.md, fingerprint largest: llama.cpp Gemma 3.93x (2nd-largest 1.85x).
 SPIKE_FACTOR = 3.0
 
 

@@ -125,9 +125,9 @@ class TwinJudge:
         tolerance = self.rq.scenario.evidence.fingerprint_tolerance
         yard, other_memo = self._nearest(own)
         if other_memo and not resolves(yard, tolerance):
-            state.mark_inconclusive(f"request {record.request}: another memo's fingerprint writes the same tokens "
-                                    f"{yard.distance:.4f} apart: fingerprints do not tell states apart here")
-            self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict="unresolved",
+            self._not_told(state, record, "unresolved",
+                           f"request {record.request}: another memo's fingerprint writes the same tokens "
+                                    f"{yard.distance:.4f} apart: fingerprints do not tell states apart here",
                             detail=(f"the hit differs from its cold fingerprint ({mine.agreeing} tokens as cold, "
                                     f"{mine.distance:.4f} apart), reproducibly; but another memo's cold fingerprint "
                                     f"writes the very same {yard.agreeing} tokens only {yard.distance:.4f} apart, "
@@ -161,9 +161,9 @@ class TwinJudge:
             return True
         if not twin.exact:
             # its writers did not all resume where theirs did: the twin's state took another path
-            state.mark_inconclusive(f"request {record.request} differs from a twin whose writers resumed elsewhere "
-                                    f"than the originals")
-            self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict="twin_inexact",
+            self._not_told(state, record, "twin_inexact",
+                           f"request {record.request} differs from a twin whose writers resumed elsewhere "
+                                    f"than the originals",
                             detail=f"the hit differs from its twin (request {twin.record.request}, "
                                    f"{vs_twin.distance:.4f} apart), but the twin's writers did not all resume where "
                                    f"the hit's did (the originals reused less than the grid promised): not told "
@@ -171,9 +171,9 @@ class TwinJudge:
             return True
         second = await make_twin(self.rq, state, record)
         if second.record is None or not second.record.completion.logprobs:
-            state.mark_inconclusive(f"request {record.request} differs from its twin, and no second twin could be "
-                                    f"made to measure the server's noise")
-            self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict="no_second_twin",
+            self._not_told(state, record, "no_second_twin",
+                           f"request {record.request} differs from its twin, and no second twin could be "
+                                    f"made to measure the server's noise",
                             detail=f"the hit differs from its twin (request {twin.record.request}, "
                                    f"{vs_twin.distance:.4f} apart), and no second twin could be made "
                                    f"({second.why}): the server's noise here is unmeasured", **facts)
@@ -203,9 +203,9 @@ class TwinJudge:
                                     f"alongside other requests, its twin's alone; a chunk boundary rounds the state "
                                     f"as a resume does. Not a wrong state"), **facts)
         elif differs and near == "untold":
-            state.mark_inconclusive(f"request {record.request}'s tokens part from its twin's at output token "
-                                    f"{vs_twin.agreeing}, where other prompts' part too: not told apart")
-            self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict="untold",
+            self._not_told(state, record, "untold",
+                           f"request {record.request}'s tokens part from its twin's at output token "
+                                    f"{vs_twin.agreeing}, where other prompts' part too: not told apart",
                             detail=(f"the hit differs from its twin (request {twin.record.request}), its tokens "
                                     f"parting at output token {vs_twin.agreeing}, where the nearest other prompt's "
                                     f"part too: on this model the fingerprint does not tell it from another memo's "
@@ -225,6 +225,11 @@ class TwinJudge:
                                     f"differ from each other by {twins.distance:.4f}: the server's own noise at "
                                     f"this point, not a wrong state"), **facts)
         return True
+
+    def _not_told(self, state: PhaseState, record: Record, verdict: str, why: str, **finding) -> None:
+        """A deviation the evidence cannot call right or wrong: warn, and the phase proved nothing here."""
+        state.mark_inconclusive(why)
+        self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict=verdict, **finding)
 
     async def same_problem(self, state: PhaseState, record: Record, kind: str, report: bool = True) -> bool:
         """A hit-path problem (a loop, an empty answer, a missed code) where the cold control is right:
@@ -262,9 +267,9 @@ class TwinJudge:
         tolerance = self.rq.scenario.evidence.fingerprint_tolerance
         far = how_far(mine, yard, tolerance, from_cold)
         if far == "untold":
-            state.mark_inconclusive(f"request {record.request}'s tokens part from its cold run at output token "
-                                    f"{mine.agreeing}, where other prompts' part too: not told apart")
-            self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict="untold",
+            self._not_told(state, record, "untold",
+                           f"request {record.request}'s tokens part from its cold run at output token "
+                                    f"{mine.agreeing}, where other prompts' part too: not told apart",
                             detail=(f"the hit {'equals' if vs_twin.matches(tolerance) else 'is near'} its twin "
                                     f"(request {twin.record.request}, {vs_twin.distance:.4f} apart), and its tokens "
                                     f"part from a full prefill at output token {mine.agreeing}, where the nearest "

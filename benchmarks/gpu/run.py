@@ -56,6 +56,17 @@ PORT = int(os.environ.get("HPGPU_PORT", "8321"))
 CARRIED = Path(os.environ.get("HPGPU_CARRIED", str(ROOT / "benchmarks" / "gpu" / "bundle")))   # what a call carries
 MODEL_NAME = "qwen3next-tiny"
 STATE_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
+# The servers `serve`/`soak` take: the two state caches, and the rows of the hybrid matrix
+# (scenarios/profiles/vllm-qwen-*: the same flag changes, here on the CUDA path) with a bf16 state cache.
+# A matrix row soaks only `clean`: the faults and the rate are the dtype rows' job.
+SERVERS = {
+    "bf16": ["--mamba-ssm-cache-dtype", "bfloat16"],
+    "f32": ["--mamba-ssm-cache-dtype", "float32"],
+    "small-steps": ["--mamba-ssm-cache-dtype", "bfloat16", "--max-num-batched-tokens", "512"],
+    "mode-none": ["--mamba-ssm-cache-dtype", "bfloat16", "--mamba-cache-mode", "none"],
+    "prefix-off": ["--mamba-ssm-cache-dtype", "bfloat16", "--no-enable-prefix-caching"],
+}
+MATRIX_ROWS = {"small-steps", "mode-none", "prefix-off"}
 VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1", "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}
 VLLM_FLAGS = ["--gdn-prefill-backend", "triton", "--moe-backend", "triton", "--enable-prefix-caching",
@@ -67,6 +78,8 @@ ITEMS = [
     ("fp_stale", "scenarios/hybrid-quick.toml", "fp_stale", "fail"),
     ("fp_foreign", "scenarios/hybrid-quick.toml", "fp_foreign", "fail"),
     ("mix", "scenarios/mix-quick.toml", None, "clean"),
+    # default's power target (1% at 95%: 299 checked hits) on the hybrid's evidence: how long it takes here
+    ("power", "scenarios/hybrid-quick.toml --power 1%", None, "clean"),
 ]
 ITEM_TIMEOUT_S = 300
 T0 = time.monotonic()
@@ -261,6 +274,13 @@ def stop_server() -> None:
     say("stop", f"vLLM ({info['dtype']} state cache, pid {pid}) stopped")
 
 
+def server_flags(name: str) -> list[str]:
+    flags = [*VLLM_FLAGS, *SERVERS[name]]
+    if "--no-enable-prefix-caching" in flags:
+        flags.remove("--enable-prefix-caching")
+    return flags
+
+
 def serve(dtype: str) -> str:
     if os.environ.get("HPGPU_ATTACH"):            # a server already running (a test of these steps elsewhere)
         say(f"serve {dtype}", f"HPGPU_ATTACH: using {os.environ['HPGPU_ATTACH']}, no vLLM started")
@@ -280,8 +300,8 @@ def serve(dtype: str) -> str:
         stop_server()
     model = STATE / "bundle" / "model" / f"{MODEL_NAME}-vllm-hf"
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(PORT), *VLLM_FLAGS,
-            "--mamba-ssm-cache-dtype", STATE_DTYPES[dtype]]
+            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(PORT),
+            *server_flags(dtype)]
     RESULTS.mkdir(parents=True, exist_ok=True)
     cache = STATE / "vllm-cache"
     cache.mkdir(parents=True, exist_ok=True)
@@ -295,7 +315,7 @@ def serve(dtype: str) -> str:
     (STATE / "server.json").write_text(json.dumps(info))
     (RESULTS / f"vllm-{dtype}.argv.txt").write_text(
         " ".join(f"{k}={v}" for k, v in VLLM_ENV.items()) + " " + " ".join(argv) + "\n")
-    say(f"serve {dtype}", f"started vLLM (pid {proc.pid}) with --mamba-ssm-cache-dtype {STATE_DTYPES[dtype]}; "
+    say(f"serve {dtype}", f"started vLLM (pid {proc.pid}) with {' '.join(SERVERS[dtype])}; "
                           f"waiting up to {READY_S:.0f} s")
     return wait_ready(dtype, url, info, log, proc)
 
@@ -357,6 +377,12 @@ def verdict_line(dtype: str, name: str, expect: str, code: int, report: dict | N
              f"requests {report.get('requests')} hits {report.get('cache_hits')}",
              f"fingerprint-checked hits {fp.get('checked_hits')}",
              f"fail findings {n_fail} {fails}", f"{wall:.0f} s"]
+    target = (report.get("power") or {}).get("target")
+    if target:
+        extra = (report.get("phases") or {}).get("rotation") or {}
+        parts.append(f"power target {target.get('checked_hits')} of {target.get('needed')} checked hits, "
+                     f"reached {target.get('reached')}, rotation {extra.get('rounds')} rounds in "
+                     f"{extra.get('seconds')} s ({extra.get('stopped')})")
     if proxy is not None:
         parts.append(f"proxy corrupted {proxy.get('corrupted')} of {proxy.get('generations')}")
     parts.append(f"expected {expect}: {'as expected' if ok else 'UNEXPECTED'}")
@@ -380,7 +406,8 @@ def soak_item(dtype: str, url: str, name: str, scenario: str, mode: str | None, 
     say(f"soak {dtype}", f"{name}: hitproof run --attach {target} --scenario {scenario}"
                          + (f" (through the proxy, mode {mode})" if mode else ""))
     started = time.monotonic()
-    argv = [sys.executable, "-m", "tui", "run", "--attach", target, "--scenario", scenario, "--headless",
+    scenario, *extra = scenario.split()
+    argv = [sys.executable, "-m", "tui", "run", "--attach", target, "--scenario", scenario, *extra, "--headless",
             "--record", str(log)]
     try:
         with stem.with_suffix(".console.txt").open("wb") as console:
@@ -444,9 +471,12 @@ def rate(dtype: str, url: str) -> None:
     mark(key)
 
 
-def chosen_items() -> list:
-    """HPGPU_ITEMS=clean,mix runs those items alone (and no rate): a call with little device time left."""
+def chosen_items(server: str = "bf16") -> list:
+    """HPGPU_ITEMS=clean,mix runs those items alone (and no rate): a call with little device time left.
+    A matrix row runs `clean` alone."""
     wanted = [w for w in os.environ.get("HPGPU_ITEMS", "").split(",") if w]
+    if server in MATRIX_ROWS and not wanted:
+        wanted = ["clean"]
     unknown = [w for w in wanted if w not in {name for name, *_ in ITEMS}]
     if unknown:
         raise Stop(f"HPGPU_ITEMS: unknown item(s) {' '.join(unknown)}; choose from {' '.join(n for n, *_ in ITEMS)}")
@@ -454,7 +484,7 @@ def chosen_items() -> list:
 
 
 def soak(dtype: str) -> None:
-    items = chosen_items()
+    items = chosen_items(dtype)
     url = serve(dtype)
     RESULTS.mkdir(parents=True, exist_ok=True)
     for name, scenario, mode, expect in items:
@@ -512,7 +542,7 @@ def parse(argv: list[str]) -> list[list[str]] | None:
         if name not in STEPS:
             return None
         args = argv[i + 1:i + 1 + STEPS[name]]
-        if len(args) != STEPS[name] or any(a not in STATE_DTYPES for a in args):
+        if len(args) != STEPS[name] or any(a not in SERVERS for a in args):
             return None
         steps.append([name, *args])
         i += 1 + STEPS[name]

@@ -192,3 +192,22 @@ def test_on_a_model_whose_memos_hardly_move_the_answer_values_tell_nothing():
     assert resolves(FingerprintMatch(12, True, 0.45, 0.3), 0.05)
     assert resolves(FingerprintMatch(1, False, 0.3, 0.1), 0.05)                       # tokens tell them apart
     assert resolves(None, 0.05)
+
+
+def test_a_resume_cost_against_another_prompt_too_close_to_be_a_scale_is_untold():
+    """vLLM 0.26 on an H200, the tiny Qwen3-Next (2026-12-02, run D): cold_hit's hit equal to its twin,
+    12 tokens as cold, 0.0575 (float32 state) and 0.1596 (bf16, --mamba-cache-mode none) at the
+    second-largest position, where another prompt wrote the same 12 tokens 0.0902 and 0.1622 apart.
+    Far by the yardstick rule, a false FAIL twice; that prompt is closer than twice what resuming may
+    cost (it does not resolve states), so the cost is untold. With a scale that resolves, or a cost beyond
+    the resume bound, the verdicts stand."""
+    from tui.core.checks.detectors import FingerprintMatch
+    from tui.core.soak.twin_judge import how_far
+
+    f32, nearby = FingerprintMatch(12, True, 0.0613, 0.0575), FingerprintMatch(12, True, 0.0902, 0.05)
+    assert how_far(f32, nearby, 0.05) == "untold"
+    assert how_far(FingerprintMatch(12, True, 0.1911, 0.1596), FingerprintMatch(12, True, 0.1622, 0.1), 0.05) == "untold"
+    assert how_far(f32, nearby) == "far"                                         # no tolerance: no bound to judge by
+    assert how_far(FingerprintMatch(12, True, 0.3, 0.25), FingerprintMatch(12, True, 0.45, 0.3), 0.05) == "far"
+    assert how_far(FingerprintMatch(12, True, 0.3, 0.21), nearby, 0.05) == "far"   # beyond the resume bound
+    assert how_far(FingerprintMatch(12, True, 0.03, 0.02), nearby, 0.05) == "near"

@@ -79,7 +79,11 @@ def how_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: fl
     if yard is None:
         return "near"
     if yard.same_tokens and math.isfinite(yard.distance) and cost.second >= YARDSTICK_FRACTION * yard.distance:
-        return "far"
+        # Within what resuming costs (above), against another prompt that writes the same tokens too close
+        # to be a scale (resolves): measured, vLLM 0.26 on an H200, the tiny Qwen3-Next, cold_hit's hit equal
+        # to its twin, 0.058 (float32 state) and 0.160 (bf16, --mamba-cache-mode none) at the second-largest
+        # position, where another prompt wrote the same 12 tokens 0.090 and 0.162 apart: false FAILs, 2026-12-02.
+        return "untold" if tolerance is not None and not resolves(yard, tolerance) else "far"
     bound = RESUME_FACTOR * tolerance if tolerance is not None else 0.0
     resumed_tie = flip is not None and flip.token == cost.agreeing and flip.near_tie(bound)
     if cost.same_tokens or resumed_tie or cost.agreeing > yard.agreeing:
@@ -267,15 +271,15 @@ class TwinJudge:
         tolerance = self.rq.scenario.evidence.fingerprint_tolerance
         far = how_far(mine, yard, tolerance, from_cold)
         if far == "untold":
-            self._not_told(state, record, "untold",
-                           f"request {record.request}'s tokens part from its cold run at output token "
-                                    f"{mine.agreeing}, where other prompts' part too: not told apart",
-                            detail=(f"the hit {'equals' if vs_twin.matches(tolerance) else 'is near'} its twin "
-                                    f"(request {twin.record.request}, {vs_twin.distance:.4f} apart), and its tokens "
-                                    f"part from a full prefill at output token {mine.agreeing}, where the nearest "
-                                    f"other prompt's part too ({cost}; {sized}): on this model the fingerprint does "
-                                    f"not tell this restore from another memo's state (longer fingerprints, "
-                                    f"fingerprint_tokens, or a model that can recall codes would)"), **facts)
+            where = (f"its fingerprint is {mine.second:.4f} from its cold run's, where another prompt's writes the "
+                     f"same tokens only {yard.distance:.4f} apart" if mine.same_tokens and yard is not None else
+                     f"its tokens part from its cold run at output token {mine.agreeing}, where other prompts' part too")
+            self._not_told(state, record, "untold", f"request {record.request}: {where}: not told apart",
+                           detail=(f"the hit {'equals' if vs_twin.matches(tolerance) else 'is near'} its twin "
+                                   f"(request {twin.record.request}, {vs_twin.distance:.4f} apart), and {where} "
+                                   f"({cost}; {sized}): on this model the fingerprint does not tell this restore "
+                                   f"from another memo's state (longer fingerprints, fingerprint_tokens, or a model "
+                                   f"that can recall codes would)"), **facts)
             return
         if far == "far":
             self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="far_with_twin",

@@ -261,7 +261,8 @@ class TwinJudge:
                      vs_twin: FingerprintMatch, yard: FingerprintMatch | None, facts: dict,
                      from_cold: LogprobComparison) -> None:
         cost = (f"{mine.agreeing} tokens as cold, {mine.distance:.4f} nats apart at most, "
-                f"{mine.second:.4f} at the second-largest position")
+                f"{mine.second:.4f} at the second-largest position") if math.isfinite(mine.distance) else \
+            f"{mine.agreeing} tokens as cold, nothing in common to measure in nats"
         if yard is None:
             sized = "no other prompt's fingerprint to size it against yet"
         elif math.isfinite(yard.distance):

@@ -160,3 +160,87 @@ def test_the_direction_rule_sees_an_import_against_it():
 def test_modules_stay_small(name):
     lines = sum(1 for _ in modules()[name].open())
     assert lines <= MAX_LINES, f"{name} has {lines} lines (split what does several things)"
+
+
+def package_modules() -> list[Path]:
+    return sorted(p for p in (ROOT / "tui").rglob("*.py") if "__pycache__" not in p.parts)
+
+
+@pytest.mark.parametrize("path", package_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_module_of_the_package_stays_small(path):
+    """The whole house, not only the core: the command line, the app, the embedded engines, the
+    reference server (tui/commands/ holds one module per command; cli.py only dispatches)."""
+    lines = sum(1 for _ in path.open())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (split what does several things)"
+
+
+def test_a_command_is_one_module():
+    """Every subcommand is declared by its own module in tui/commands/ (add_parser sets its `func`)."""
+    from tui.cli import build_parser
+    from tui.commands import COMMANDS
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert list(sub.choices) == list(COMMANDS)
+    for name, parser in sub.choices.items():
+        func = parser.get_default("func")
+        assert func is not None and func.__module__ == f"tui.commands.{name}", name
+
+
+# The house around the core, one direction (tui/README.md draws it): the command line dispatches to
+# the commands; a command may use any part; the app and the matrix draw and run; the runner starts
+# servers (embedded engines, fleets) and the soak; the embedded engines and the headless console know
+# only the core; the reference fault server knows nothing of hitproof (it shares no code with checks).
+PACKAGE_ALLOWED = {
+    "__main__": {"cli"},
+    "cli": {"commands", "core"},
+    "commands": {"app", "core", "embedded", "headless", "matrix", "refserver", "runner"},
+    "app": {"core", "matrix"},
+    "matrix": {"core", "runner"},
+    "runner": {"core", "embedded", "fleet"},
+    "fleet": {"core"},
+    "headless": {"core"},
+    "embedded": {"core"},
+    "refserver": set(),
+    "core": set(),
+}
+
+
+def package_part(module: str) -> str:
+    parts = module.split(".")
+    return "tui" if len(parts) == 1 else parts[1]
+
+
+def package_graph() -> dict[str, set[str]]:
+    mods = {}
+    for path in package_modules():
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = path
+    return {name: imports(name, path, set(mods)) for name, path in mods.items()}
+
+
+def wrong_way(edges: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for name, targets in edges.items():
+        mine = package_part(name)
+        for target in targets:
+            theirs = package_part(target)
+            if theirs in (mine, "tui"):           # within a part, or the version string
+                continue
+            if theirs not in PACKAGE_ALLOWED.get(mine, set()):
+                wrong.append(f"{name} -> {target}")
+    return sorted(wrong)
+
+
+def test_the_house_imports_point_one_way():
+    assert set(map(package_part, package_graph())) - {"tui"} <= set(PACKAGE_ALLOWED), "a new part: give it a row"
+    assert wrong_way(package_graph()) == []
+
+
+def test_the_house_rule_sees_an_import_against_it():
+    assert wrong_way({"tui.embedded.vllm": {"tui.app.app"}, "tui.refserver.faults": {"tui.core.checks"},
+                      "tui.core.soak.engine": {"tui.runner"}, "tui.app.app": {"tui.core.log"}}) == [
+        "tui.core.soak.engine -> tui.runner", "tui.embedded.vllm -> tui.app.app",
+        "tui.refserver.faults -> tui.core.checks"]

@@ -44,8 +44,8 @@ class HitproofApp(MatrixMode, App):
         Binding("3", "speed('3')", "max", show=False),
         Binding("n", "next_finding", "next finding"),
         Binding("j", "next_phase", "next phase"),
-        Binding("home", "seek_start", "start", show=False, priority=True),
-        Binding("end", "seek_end", "end", show=False, priority=True),
+        Binding("home", "seek('start')", "start", show=False, priority=True),
+        Binding("end", "seek('end')", "end", show=False, priority=True),
         Binding("i", "isolate", "isolate"),
         Binding("enter", "open_detail", "detail", show=True),
         Binding("l", "toggle_log", "server log"),
@@ -84,7 +84,7 @@ class HitproofApp(MatrixMode, App):
         self._totals_shown: Text | None = None
         self._title_shown: Text | None = None
 
-    REPLAY_ONLY = {"play", "speed", "next_finding", "next_phase", "seek_start", "seek_end"}
+    REPLAY_ONLY = {"play", "speed", "next_finding", "next_phase", "seek"}
 
     @property
     def model(self) -> RunModel:
@@ -355,11 +355,8 @@ class HitproofApp(MatrixMode, App):
     def action_next_phase(self) -> None:
         self.source.next_mark("phase_start")
 
-    def action_seek_start(self) -> None:
-        self.source.seek(0)
-
-    def action_seek_end(self) -> None:
-        self.source.seek(len(self.source.index))
+    def action_seek(self, where: str) -> None:          # home: the start, end: the end
+        self.source.seek(0 if where == "start" else len(self.source.index))
 
     async def action_quit_app(self) -> None:
         if self.matrix:

@@ -22,6 +22,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         help="where to write the script ('-': standard output)")
     parser.add_argument("--repeats", type=int, default=3, metavar="K",
                         help="how many times the script sends the hit (default 3; the script's --repeats too)")
+    parser.set_defaults(func=run)
     return parser
 
 

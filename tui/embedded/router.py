@@ -38,6 +38,8 @@ from typing import Callable, Sequence
 import httpx
 
 from ..core.server.launch import LaunchError, ServerProcess, free_port
+from ..core.server.replicas import router_counts_by_worker
+from .router_metrics import llamacpp_counters, scrape_workers, served_by, worker_health
 from .common import (
     EngineLaunch, Progress, Setup, SetupError, Step, cache_dir, child_env, engine_home, read_info,
     venv_python, write_info,
@@ -384,93 +386,14 @@ class Cluster:
         await self.stop()
 
 
-# -- reading the router's and the workers' counters -------------------------------------
-
-
-def _samples(text: str):
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        for family in text_string_to_metric_families(text):
-            yield from family.samples
-    except ValueError:
-        return
-
-
-def worker_health(metrics_text: str) -> dict[str, bool]:
-    """worker URL -> healthy, from a router's own /metrics (both routers export it per worker)."""
-    out: dict[str, bool] = {}
-    for sample in _samples(metrics_text):
-        if sample.name in ("vllm_router_worker_health", "smg_worker_health") and "worker" in sample.labels:
-            out[sample.labels["worker"]] = sample.value >= 1
-    return out
-
-
 def worker_request_counts(router: str, metrics_text: str) -> dict[str, float]:
-    """worker URL -> requests the router has sent it and got an answer (its own counter).
-
-    The difference of two readings around a request sent alone names the worker that served it.
-    """
-    kind = router_kind(router)
-    out: dict[str, float] = {}
-    for sample in _samples(metrics_text):
-        name = sample.name
-        if name != kind.per_worker_counter and name + "_total" != kind.per_worker_counter:
-            continue
-        if "worker" not in sample.labels:
-            continue
-        if kind.per_worker_outcome and sample.labels.get("outcome") != kind.per_worker_outcome:
-            continue
-        url = sample.labels["worker"]
-        out[url] = out.get(url, 0.0) + sample.value
-    return out
-
-
-# llama.cpp's own counters (with --metrics): prompt tokens processed, prompt tokens taken from the
-# cache, tokens generated. A request adds its prompt_n, cache_n and predicted count to them.
-LLAMACPP_COUNTERS = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total",
-                     "llamacpp:tokens_predicted_total")
-
-
-def llamacpp_counters(metrics_text: str) -> dict[str, float]:
-    wanted = {name.replace(":", "_") for name in LLAMACPP_COUNTERS} | set(LLAMACPP_COUNTERS)
-    out: dict[str, float] = {}
-    for sample in _samples(metrics_text):
-        for name in (sample.name, sample.name + "_total"):
-            if name in wanted:
-                out[name if ":" in name else name.replace("llamacpp_", "llamacpp:", 1)] = sample.value
-    return out
-
-
-async def scrape_workers(urls: Sequence[str], client: httpx.AsyncClient | None = None) -> dict[str, dict[str, float]]:
-    """Each worker's llama.cpp counters (an empty dict for a worker that did not answer)."""
-    own = client is None
-    client = client or httpx.AsyncClient(timeout=10.0, trust_env=False)
-    try:
-        async def one(url: str) -> dict[str, float]:
-            try:
-                r = await client.get(url.rstrip("/") + "/metrics")
-            except httpx.HTTPError:
-                return {}
-            return llamacpp_counters(r.text) if r.status_code == 200 else {}
-
-        values = await asyncio.gather(*(one(u) for u in urls))
-        return dict(zip(urls, values))
-    finally:
-        if own:
-            await client.aclose()
-
-
-def served_by(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> list[str]:
-    """Workers whose generated-token counter moved between two scrapes (one name for a request sent alone)."""
-    key = "llamacpp:tokens_predicted_total"
-    return [url for url in after
-            if key in after[url] and key in before.get(url, {}) and after[url][key] > before[url][key]]
+    """worker URL -> requests the router sent it and got answered (parsed in tui/core/server/replicas.py):
+    the difference of two readings around a request sent alone names the worker that served it."""
+    router_kind(router)                   # an unknown router is a SetupError, as everywhere
+    return router_counts_by_worker(metrics_text)
 
 
 __all__ = [
-    "ROUTERS", "DEFAULT_ROUTER", "DEFAULT_POLICY", "RouterKind", "ClusterPlan", "Cluster",
-    "prepare_router", "plan_cluster", "router_argv", "router_version", "local_tokenizer",
-    "replica_alias", "replica_index",
-    "worker_health", "worker_request_counts", "llamacpp_counters", "scrape_workers", "served_by",
+    "ROUTERS", "DEFAULT_ROUTER", "DEFAULT_POLICY", "RouterKind", "ClusterPlan", "Cluster", "prepare_router",
+    "plan_cluster", "router_argv", "router_version", "local_tokenizer", "replica_alias", "replica_index", "worker_health", "worker_request_counts", "llamacpp_counters", "scrape_workers", "served_by",
 ]

@@ -267,26 +267,31 @@ def assign(members: dict[int, Signature], deltas: dict[int, tuple], step: float 
     return {m: (next(iter(possible[m])) if len(possible[m]) == 1 else None) for m in ids}
 
 
-def router_worker_counts(text: str, replicas: list[Replica]) -> dict[int, float]:
-    """replica index -> requests the router sent it and got answered (its own per-worker counter)."""
+def router_counts_by_worker(text: str) -> dict[str, float]:
+    """worker URL (normalized) -> requests the router sent it and got answered (its own per-worker
+    counter: vllm-router's or sglang-router's, ROUTER_WORKER_COUNTERS); {} for text that is not metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    by_url = {r.url: r.index for r in replicas}
-    out: dict[int, float] = {}
+    out: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 for name, label in ROUTER_WORKER_COUNTERS:
-                    if sample.name not in (name, name.removesuffix("_total")):
+                    if sample.name not in (name, name.removesuffix("_total")) or "worker" not in sample.labels:
                         continue
                     if label is not None and sample.labels.get(label[0]) != label[1]:
                         continue
-                    index = by_url.get(normalize(sample.labels.get("worker", "")))
-                    if index is not None:
-                        out[index] = out.get(index, 0.0) + sample.value
+                    url = normalize(sample.labels["worker"])
+                    out[url] = out.get(url, 0.0) + sample.value
     except ValueError:
         return {}
     return out
+
+
+def router_worker_counts(text: str, replicas: list[Replica]) -> dict[int, float]:
+    """replica index -> requests the router sent it and got answered (router_counts_by_worker)."""
+    by_url = {r.url: r.index for r in replicas}
+    return {by_url[url]: n for url, n in router_counts_by_worker(text).items() if url in by_url}
 
 
 def router_worker_health(text: str) -> dict[str, bool]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from .core.config.errors import HitproofError
-from .core.server.replicas import check_urls, normalize
+from ..core.config.errors import HitproofError
+from ..core.server.replicas import check_urls, normalize
 
 # the routers' --policy choices (tui/embedded/router.py pins the versions these come from)
 VLLM_ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
@@ -41,8 +41,8 @@ def replica_urls(args) -> list[str]:
 
 
 def prepare_router(err: Console) -> None:
-    from .embedded import SetupError
-    from .embedded.router import prepare_router as setup
+    from ..embedded import SetupError
+    from ..embedded.router import prepare_router as setup
 
     try:
         setup(progress=lambda line: err.print(f"[setup router] {line}", markup=False, highlight=False))

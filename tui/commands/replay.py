@@ -1,0 +1,25 @@
+"""`hitproof replay LOG`: a recorded soak in the app (final state first, then play)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    replay = sub.add_parser("replay", help="open a recorded soak log in the app (final state first, then play)")
+    replay.add_argument("log", metavar="LOG")
+    replay.set_defaults(func=run)
+    return replay
+
+
+def run(args) -> int:
+    return _replay(args)
+
+
+def _replay(args) -> int:
+    from ..app.app import build_app
+    from ..app.replay import ReplaySource
+
+    app = build_app(ReplaySource(args.log))
+    app.run()
+    return 0

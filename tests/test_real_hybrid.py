@@ -78,5 +78,9 @@ async def test_corrupted_hybrid_hits_are_caught(qwen, tmp_path, mode, kind, phas
     assert result.code == 1, result.out + result.err
     report = report_json(log)
     assert any(f["kind"] == kind and f["severity"] == "fail" and f["phase"] == phase for f in report["findings"])
+    if mode == "fp_alter":     # llama.cpp has no salt: each FAIL stands against a sibling restored the same way
+        fails = [f for f in report["findings"] if f["kind"] == kind and f["severity"] == "fail"]
+        assert all(f["evidence"].get("sibling_request") for f in fails), fails
+        assert not [f for f in report["findings"] if (f.get("evidence") or {}).get("twin_verdict") == "sibling_same_cost"]
 
 

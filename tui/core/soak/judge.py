@@ -18,7 +18,8 @@ from ..log.events import FingerprintCompared
 from ..report.fmt import pct
 from .record import Record, Sender, cached_words, prompt_key
 from .state import PhaseState
-from .twin_judge import TwinJudge
+from .sibling import SIBLING_FACTOR, make_sibling, nearest, sibling_explains
+from .twin_judge import TwinJudge, how_far
 
 REPRODUCE = 5                # re-runs each way before a fingerprint deviation is called the cache's
 DEFAULT_ALARM_RATE = 0.01    # a single foreign group is fail-class below these odds when no power target is set
@@ -328,10 +329,15 @@ class Judge:
                                     f"twin could be made: resuming arithmetic or a wrong state, not told apart"),
                             **evidence)
         elif reproduced:
+            # no salt that keeps caching on (llama.cpp): a restore of the same shape on a fresh memo (sibling.py)
+            # measures what resuming costs here before the value alone is called a wrong state
+            control = await self._sibling_control(state, record, own, mine, evidence)
+            if control is None:
+                return
             self.rq.finding(state, "fingerprint_mismatch", "fail", record,
                             detail=(f"the hit differs from its own cold fingerprint ({where}); {REPRODUCE} more cold "
-                                    f"runs reproduce the fingerprint and {REPRODUCE} more hits the deviation: "
-                                    f"corruption on the hit path"), **evidence)
+                                    f"runs reproduce the fingerprint and {REPRODUCE} more hits the deviation"
+                                    f"{control}: corruption on the hit path"), **evidence)
         else:
             if cold_same < REPRODUCE:
                 record.checks["fingerprint"]["cold_unsteady"] = True
@@ -340,3 +346,43 @@ class Judge:
             self.rq.finding(state, "fingerprint_mismatch", "info", record,
                             detail=f"the hit differs from its cold fingerprint ({where}), but {why}: "
                                    f"not reproducible, the kernel rather than the cache", **evidence)
+
+    async def _sibling_control(self, state: PhaseState, record: Record, own: Fingerprint, mine, evidence: dict):
+        """None when the sibling shows resuming costs as much here (an info finding is made); else the
+        words the FAIL adds (the sibling's numbers, or why there is none), its facts added to `evidence`."""
+        sib = await make_sibling(self.rq, state, record)
+        evidence["sibling_requests"] = list(sib.requests)
+        if sib.hit is None:
+            evidence["sibling"] = sib.why
+            return f" (no restore of the same shape to compare: {sib.why})"
+        theirs = self.fingerprints.match(sib.hit.completion.logprobs, sib.cold.completion.logprobs)
+        evidence.update(sibling_request=sib.hit.request, sibling_cold_request=sib.cold.request,
+                        sibling_cached=sib.hit.cached, sibling_agreeing=theirs.agreeing,
+                        sibling_distance=theirs.distance, sibling_second=theirs.second, own_second=mine.second)
+        said = (f"a fresh memo's prompt resumed the same way (request {sib.hit.request}, at {sib.hit.cached} "
+                f"tokens) is {theirs.agreeing} tokens as its cold run, {theirs.distance:.4f} apart at most, "
+                f"{theirs.second:.4f} at the second-largest position")
+        if not sibling_explains(mine, theirs):
+            if theirs.agreeing > mine.agreeing:
+                return f", while {said}: its tokens stay with its cold run longer than the hit's"
+            return f", while {said}: the hit is more than {SIBLING_FACTOR:g} times as far"
+        # the scale of a wrong state: the nearest other memo's answer, the sibling's own cold run among them
+        yard = nearest(self.twins.yardstick(own), self.fingerprints.match(sib.cold.completion.logprobs, own.logprobs))
+        tolerance = self.rq.scenario.evidence.fingerprint_tolerance
+        far = how_far(mine, yard, tolerance, checks.compare_logprobs(own.logprobs, record.completion.logprobs))
+        if far == "far":
+            return f"; {said}, but both land as far from cold as another memo's answer"
+        if far == "untold":         # as far as the nearest other prompt's answer is: neither right nor wrong
+            state.mark_inconclusive(f"request {record.request}: its deviation, and its sibling's, are as large as "
+                                    f"another prompt's: not told apart")
+            self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict="sibling_untold",
+                            detail=(f"the hit differs from its cold fingerprint ({mine.agreeing} tokens as cold), "
+                                    f"reproducibly; {said}; but the nearest other prompt's answer is no farther: "
+                                    f"the fingerprint does not tell a restore from a wrong state here"), **evidence)
+            return None
+        self.rq.finding(state, "fingerprint_mismatch", "info", record, twin_verdict="sibling_same_cost",
+                        detail=(f"the hit differs from its cold fingerprint ({mine.agreeing} tokens as cold, "
+                                f"{mine.distance:.4f} apart at most, {mine.second:.4f} at the second-largest "
+                                f"position), reproducibly; {said}: resuming costs that much on this server "
+                                f"(no salt keeps caching on, so no twin), not a wrong state"), **evidence)
+        return None

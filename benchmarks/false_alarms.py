@@ -32,6 +32,8 @@ functions):
                              YARDSTICK_FRACTION
   twin 2nd-largest           the hit against its twin, second-largest deviation, against RESUME_FACTOR
                              x tolerance (the bound of a hit near its twin)
+  sibling ratio              servers without salts (llama.cpp): a reproducible deviation's cost over its
+                             sibling's (a fresh memo restored the same way), against SIBLING_FACTOR
   determinism near tie       a greedy hit that diverged from cold: max(margin, delta before it),
                              against the determinism phase's logprob_tolerance
   cold->hit TTFT hit/cold    the cold->hit phase's judged hit (fastest of its re-times) over the cold
@@ -80,6 +82,7 @@ from tui.core.log.recorder import read_log  # noqa: E402
 from tui.core.soak.judge import DEFAULT_ALARM_RATE  # noqa: E402
 from tui.core.soak.proof import quantum  # noqa: E402
 from tui.core.soak.twin_judge import RESUME_FACTOR, YARDSTICK_FRACTION  # noqa: E402
+from tui.core.soak.sibling import SIBLING_FACTOR  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ CHECKS = {
     "resume cost 2nd-largest": ("RESUME_FACTOR x tolerance", "above"),
     "resume cost / yardstick": ("YARDSTICK_FRACTION", "at"),
     "twin 2nd-largest": ("RESUME_FACTOR x tolerance", "above"),
+    "sibling ratio (hit / sibling)": ("SIBLING_FACTOR", "above"),
     "determinism near tie": ("logprob_tolerance", "above"),
     "cold->hit TTFT hit/cold": ("hit as slow as cold", "at"),
     "counter agreement": ("2 x counter print step", "above"),
@@ -246,6 +250,10 @@ def measure_log(path: Path) -> dict:
                 m = fingerprint_match(run, twin, tokens)
                 if math.isfinite(m.second):
                     rows["twin 2nd-largest"].add(m.second, RESUME_FACTOR * tol, where)
+        if e.get("sibling_second") is not None and e.get("own_second") is not None:
+            mine = max(float(e["own_second"]), float(e["own_distance"]) / SPIKE_FACTOR)
+            theirs = max(float(e["sibling_second"]), float(e["sibling_distance"]) / SPIKE_FACTOR)
+            rows["sibling ratio (hit / sibling)"].add(mine / theirs if theirs else math.inf, SIBLING_FACTOR, where)
         if ev.kind == "foreign_code" and e.get("odds") is not None:
             rows["single foreign group odds"].add(float(e["odds"]), alarm, where)
 

@@ -202,8 +202,10 @@ CASES: list[Case] = [
         upstream="known: ggml-org/llama.cpp #26207 (open; reported for explicit lists on b10121, which b11434 clears; "
                  "the request without a field is what still reuses)",
         bug=Run(_profile("llamacpp-lora-one-slot"), partition(concurrent="false", base_selection='"default"'), 20),
-        control=Run(_profile("llamacpp-lora"), partition(concurrent="false", base_selection='"default"'), 20),
-        control_note="4 slots (llamacpp-lora.toml): each identity keeps a slot of its own",
+        # the control is the base asked for with an explicit all-zero `lora` list on the same server: 4 slots
+        # with no field show the bug too (run of 2026-12-02, 16:15: 5 partition_leak in the 4-slot control)
+        control=Run(_profile("llamacpp-lora-one-slot"), partition(concurrent="false", base_selection='"explicit"'), 20),
+        control_note="the base asked for with an explicit all-zero `lora` list (base_selection = \"explicit\")",
         shows=base_via_cache, setup=("--engine", "llamacpp"), lora="llamacpp"),
     Case(
         name="llamacpp-ram-cache-lora",

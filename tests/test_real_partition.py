@@ -9,6 +9,10 @@ adapter's weights; llama.cpp reuses an adapter's slot cache for a request that n
 """
 
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from support.cli import ROOT, report_json, run_hitproof, scenario
@@ -98,6 +102,21 @@ async def test_vllm_partition_catches_the_batched_base_request(vllm, tmp_path):
     # already required the base's cold reference (sent alone) to differ and the batch re-run to repeat.
     assert all(p["cross_reused"] == 0 for p in _pairs(report, "lora").values())
     assert all(f["evidence"]["step"] in ("concurrent", "concurrent_cold") for f in leaks), leaks
+    # The bug report (issue 27): a standalone script from the log, run alone against the same vLLM, sends
+    # the base request with its batch mates at once and shows the base off its cold fingerprint again.
+    # Up to two script runs of 5 batches each: whether a batch forms is the scheduler's choice.
+    number = next(i for i, f in enumerate([f for f in report["findings"] if f["severity"] == "fail"], start=1)
+                  if f["kind"] == "partition_leak")
+    script = tmp_path / "repro.py"
+    made = await run_hitproof("repro", str(log), "--finding", str(number), "--output", str(script))
+    assert made.code == 0, made.out + made.err
+    for _ in range(2):
+        shown = subprocess.run([sys.executable, str(script), vllm.url, "--repeats", "5"], capture_output=True,
+                               text=True, timeout=600, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+        if shown.returncode != 0:
+            break
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert "FAULT SHOWS" in shown.stdout and "together with" in shown.stdout, shown.stdout
 
 
 # --- llama.cpp ---------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ import pytest
 
 from support.cli import report_json, run_hitproof, scenario
 from support.servers import BackgroundServer
+from tui.core.checks.detectors import SPIKE_FACTOR
+from tui.core.soak.sibling import SIBLING_FACTOR
 
 pytestmark = pytest.mark.realserver
 
@@ -70,4 +72,5 @@ async def test_a_clean_llamacpp_under_a_tolerance_below_its_noise_never_fails(ge
     for f in explained:
         e = f["evidence"]
         assert e["sibling_cached"] > 0 and e["cold_reproduced"] == 5 and e["hit_reproduced"] == 5
-        assert 2 * max(e["sibling_second"], e["sibling_distance"] / 3) >= e["own_second"]
+        mine = max(e["own_second"], e["own_distance"] / SPIKE_FACTOR)
+        assert SIBLING_FACTOR * max(e["sibling_second"], e["sibling_distance"] / SPIKE_FACTOR) >= mine

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config.errors import BadInput
-from ..log.events import (Finding, MemoPlanted, RequestFinished, RequestStarted, RunHeader, ServerInfo)
+from ..log.events import (Finding, MemoPlanted, PhaseFinished, RequestFinished, RequestStarted, RunHeader,
+                          ServerInfo)
 from ..log.recorder import iter_log
 
 # finding kind -> the claim the script checks again (the same one the judge made)
@@ -32,9 +33,10 @@ CLAIMS = {
     "foreign_state": "fingerprint",
     "hit_path_divergence": "fingerprint",
     "cache_path_divergence": "divergence",
+    "partition_leak": "fingerprint",      # a request sent together with other identities' (the batch)
 }
 REPEATS = 3                   # the hit re-sent this many times (a fault that shows on some hits only)
-_TYPES = ("header", "server", "memo", "request_start", "request_end", "finding")
+_TYPES = ("header", "server", "memo", "request_start", "request_end", "finding", "phase_end")
 
 
 @dataclass
@@ -45,6 +47,7 @@ class LoadedLog:
     starts: dict[int, RequestStarted] = field(default_factory=dict)
     ends: dict[int, RequestFinished] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)     # phase -> its summary
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -71,6 +74,8 @@ def load(path: str | Path) -> LoadedLog:
             log.ends[event.request] = event
         elif isinstance(event, Finding):
             log.findings.append(event)
+        elif isinstance(event, PhaseFinished):
+            log.phases[event.phase] = event.summary or {}
     return log
 
 
@@ -100,6 +105,9 @@ def replayable(log: LoadedLog, finding: Finding) -> str | None:
     start = log.starts.get(finding.request) if finding.request is not None else None
     if start is None:
         return f"the {finding.kind} finding names no request the log holds"
+    if finding.kind == "partition_leak" and not _together(log, finding):
+        return ("a partition_leak of a request sent alone has no reproduction script yet (there is one for a "
+                "request sent together with other identities': the batch)")
     if prompt_of(log, start) is None:
         return (f"request {start.request}'s prompt ({start.prompt_chars or 'an unknown number of'} characters) is not in the log whole "
                 f"(only its memo and its last 160 characters are)")
@@ -205,6 +213,23 @@ def _control_request(log: LoadedLog, finding: Finding) -> int | None:
                 None)
 
 
+def _together(log: LoadedLog, finding: Finding) -> list[RequestStarted]:
+    """A partition finding's batch: for each identity it was sent with, that identity's main-arm request
+    nearest to it (the phase sends a batch's requests one after the other, then awaits them)."""
+    ev = finding.evidence or {}
+    names = ev.get("concurrent_with") or []
+    if ev.get("via") not in ("batch", "cache or batch") or not names or finding.request is None:
+        return []
+    out = []
+    for name in names:
+        mates = [s for s in log.starts.values() if s.identity == name and s.phase == finding.phase
+                 and s.arm == "main" and prompt_of(log, s) is not None]
+        if not mates:
+            return []
+        out.append(min(mates, key=lambda s: abs(s.request - finding.request)))
+    return out
+
+
 def _owner_writer(log: LoadedLog, finding: Finding, hit: RequestStarted) -> RequestStarted | None:
     """For a leak: the last request before the hit, on the memo whose code or state leaked in, whose
     prompt the log holds (the same task first)."""
@@ -232,18 +257,29 @@ def plan_for(log: LoadedLog, index: int, finding: Finding, repeats: int = REPEAT
     steps = [{"role": "cold", "label": "cold reference (the hit's prompt under the control's salt)",
               "request": control, "body": _body(log, hit, cold_salt), "fresh_salt": cold_salt is None,
               "log": _seen(log, control)}]
-    writer = _owner_writer(log, finding, hit)
+    together = _together(log, finding) if finding.kind == "partition_leak" else []
+    if together:              # nothing to write first: the batch itself is the path that went wrong
+        steps.append({"role": "hit", "label": f"the request sent together with {', '.join(t.identity or '?' for t in together)}"
+                                              f" (requests {', '.join(str(t.request) for t in together)}), as the soak did",
+                      "request": hit.request, "body": _body(log, hit, hit.salt), "fresh_salt": False,
+                      "log": _seen(log, hit.request), "repeats": repeats,
+                      "together": [_body(log, t, t.salt) for t in together]})
+    writer = None if together else _owner_writer(log, finding, hit)
     if writer is not None:
         steps.append({"role": "other", "label": f"writes memo {writer.memo}'s prefix (the state that leaked in)",
                       "request": writer.request, "body": _body(log, writer, writer.salt), "fresh_salt": False,
                       "log": _seen(log, writer.request)})
-    steps.append({"role": "writer", "label": "writes the prefix (the hit's prompt, once)",
-                  "request": None, "body": _body(log, hit, hit.salt), "fresh_salt": False, "log": None})
-    steps.append({"role": "hit", "label": "the hit, as the soak sent it", "request": hit.request,
-                  "body": _body(log, hit, hit.salt), "fresh_salt": False, "log": _seen(log, hit.request),
-                  "repeats": repeats})
+    if not together:
+        steps.append({"role": "writer", "label": "writes the prefix (the hit's prompt, once)",
+                      "request": None, "body": _body(log, hit, hit.salt), "fresh_salt": False, "log": None})
+        steps.append({"role": "hit", "label": "the hit, as the soak sent it", "request": hit.request,
+                      "body": _body(log, hit, hit.salt), "fresh_salt": False, "log": _seen(log, hit.request),
+                      "repeats": repeats})
     codes = {m.code: m.memo for m in log.memos.values() if m.code}
     tolerance = evidence.get("fingerprint_tolerance", 0.5)     # what the judge compared fingerprints with
+    if finding.kind == "partition_leak":      # the phase calibrates its own (tui/core/soak/identities.py)
+        calibrated = (log.phases.get(finding.phase) or {}).get("fingerprint_tolerance") or {}
+        tolerance = calibrated.get("used", tolerance) if isinstance(calibrated, dict) else tolerance
     server = log.server
     return {
         "finding": {"number": index, "of": len(log.fails), "kind": finding.kind, "phase": finding.phase,
@@ -259,6 +295,7 @@ def plan_for(log: LoadedLog, index: int, finding: Finding, repeats: int = REPEAT
         "code": hit.code,
         "codes": codes,
         "single_group": "odds" in (finding.evidence or {}),
+        "batched": bool(together),            # judged whether or not anything was reused
         "tolerance": tolerance,
         "fingerprint_tokens": evidence.get("fingerprint_tokens", 12),
         "cold_tolerance": (log.ends.get(hit.request).cold_tolerance if log.ends.get(hit.request) else None) or 0,

@@ -52,7 +52,9 @@ URL is the server's base URL (http://HOST:PORT; a trailing /v1 is dropped). An A
 server needs one, comes from HITPROOF_API_KEY or OPENAI_API_KEY. It sends, in order: the cold
 reference (the hit's prompt under the control's cache_salt, re-sent under a fresh one if the server
 still holds that salt's blocks), the requests that wrote the prefix, then the hit K times, each body
-as the soak sent it (prompt, model or adapter, cache_salt, sampling). It checks the claim hitproof
+as the soak sent it (prompt, model or adapter, cache_salt, sampling); for a request the soak sent
+together with other identities' (a partition batch), the hit is sent K times with those requests at
+once, on threads, and judged whether or not anything was reused. It checks the claim hitproof
 judged on each hit (the planted code, foreign codes, the fingerprint within the tolerance used,
 an empty or repeating answer, as the finding's kind says) against the cold reference, and prints
 what it saw next to what the log saw.
@@ -68,6 +70,7 @@ import json
 import os
 import re
 import sys
+import threading
 import urllib.error
 import urllib.request
 import uuid
@@ -110,6 +113,27 @@ def cached_of(usage, timings):
     if timings and timings.get("cache_n") is not None:
         return int(timings["cache_n"])
     return None
+
+
+def send_together(url, bodies, timeout):
+    """The bodies sent at once, each on its own thread (a server batches what arrives together); the
+    answers in the bodies' order."""
+    answers, problems = [None] * len(bodies), []
+
+    def one(i):
+        try:
+            answers[i] = send(url, bodies[i], timeout)
+        except Problem as exc:
+            problems.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if problems:
+        raise problems[0]
+    return answers
 
 
 def send(url, body, timeout):
@@ -225,7 +249,10 @@ def run(url, args, claim):
         elif step["fresh_salt"] and "cache_salt" not in body:
             body["cache_salt"] = f"hitproof-repro-{uuid.uuid4().hex[:12]}"
         for _ in range(args.repeats if step is hit_step else 1):
-            answer = send(url, body, args.timeout)
+            if step.get("together"):            # the request and its batch mates, at once
+                answer = send_together(url, [body, *step["together"]], args.timeout)[0]
+            else:
+                answer = send(url, body, args.timeout)
             if step["role"] == "cold" and (answer["cached"] or 0) > tolerance and "cache_salt" in body:
                 print(f"  cold reference under salt {body['cache_salt']!r} had {answer['cached']} cached tokens (the "
                       f"server still holds it): sent again under a fresh salt")
@@ -245,7 +272,8 @@ def run(url, args, claim):
         return 0
     if cold["cached"] is not None and cold["cached"] > tolerance:
         print(f"note: the cold reference was not cold ({cold['cached']} cached tokens)")
-    proven = [h for h in hits if h["cached"] is None or h["cached"] > tolerance]
+    # a batch is judged whatever it reused (the fault is in the batch, not the cache)
+    proven = hits if PLAN.get("batched") else [h for h in hits if h["cached"] is None or h["cached"] > tolerance]
     if not proven:
         print(f"NOTHING TO JUDGE: none of the {len(hits)} hits was served from the cache (cached tokens "
               f"{', '.join(str(h['cached']) for h in hits)})")

@@ -9,12 +9,12 @@ second-largest deviation of correct hits up to 0.27 nats against 0.5 (1.85x; ben
 The sibling measures that arithmetic on the same server at the same point: a fresh memo of the same
 length put where the hit's memo is, the hit's writers replayed with it (the first one cold: the memo is
 new), the hit's own prompt with it (a hit resumed like the original), and that prompt cold. If the
-sibling's hit is off its own cold run by at least half as much as the hit (and its tokens part no later),
+sibling's hit is off its own cold run by at least a third as much as the hit (its tokens parting no later),
 resuming costs that much here: the hit is not called wrong on that value (info), unless it lands as far
 from cold as another memo's answer (twin_judge.how_far: then every restore here, the sibling's too, is
-wrong, fail-class). Otherwise the hit is at least SIBLING_FACTOR times farther from its cold run than a
-restore of the same shape: the FAIL stands, with the sibling as its control. A FAIL on that path
-therefore has a 2x margin over the server's own resume noise, measured in the same run.
+wrong, fail-class). Otherwise the hit is more than SIBLING_FACTOR times farther from its cold run than a
+restore of the same shape: the FAIL stands, with the sibling as its control, three times the server's own
+resume cost measured in the same run.
 """
 
 from __future__ import annotations
@@ -30,8 +30,12 @@ from .state import PhaseState
 from .twin import lineage
 
 # A hit explained by its sibling is off its cold run by at most this many times what the sibling is off
-# its own. 2: the margin issue 26 asks of every threshold (the tolerance alone had 1.85x on llama.cpp Gemma).
-SIBLING_FACTOR = 2.0
+# its own. Measured, llama.cpp b11434 Gemma 3 270M Q4_K, 8 clean soaks with a tolerance of 0.1 (below its
+# noise, so that hits leave it): 9 reproducible deviations judged against a sibling, hit / sibling cost
+# 0.69-1.44 (median 1.0). 3 gives the largest clean ratio a 2.1x margin (issue 26 asks 2x of every
+# threshold; the tolerance alone had 1.85x there).
+# false-alarm margin: see benchmarks/RESULTS.md, sibling ratio (hit / sibling): 2.09x.
+SIBLING_FACTOR = 3.0
 
 
 def cost(match: FingerprintMatch) -> float:

@@ -125,7 +125,8 @@ async def test_llamacpp_partition_catches_the_base_without_a_lora_field(tmp_path
     """llama.cpp (NOTES-lora-drafter.md): a request with no `lora` list keeps the slot's cache computed
     under another adapter. With one slot every identity shares it: the base model asked for that way
     after adapter b resumes from b's cache, and its fingerprint (re-run first: it deviates again) shows
-    it. Measured with 4 slots: each identity kept a slot of its own and the fault did not show."""
+    it. With 4 slots it shows too (real_bugs.py, 2026-12-02: 5 partition_leak fails); one slot is
+    enough to show it every run."""
     server = BackgroundServer("llamacpp", lora=True, extra_args=("--parallel", "1")).start()
     try:
         result, report = await _run(server.url, _partition(tmp_path, concurrent=False, selection="default"),

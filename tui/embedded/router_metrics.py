@@ -22,9 +22,8 @@ def _samples(text: str):
         return
 
 
-def worker_health(metrics_text: str) -> dict[str, bool]:
-    """worker URL -> healthy, from a router's own /metrics (both routers export it per worker)."""
-    return router_worker_health(metrics_text)
+# worker URL -> healthy, from a router's own /metrics (both routers export it per worker): the core's parser
+worker_health = router_worker_health
 
 
 # llama.cpp's own counters (with --metrics): prompt tokens processed, prompt tokens taken from the

@@ -373,12 +373,12 @@ class Judge:
         if far == "far":
             return f"; {said}, but both land as far from cold as another memo's answer"
         if far == "untold":         # as far as the nearest other prompt's answer is: neither right nor wrong
-            state.mark_inconclusive(f"request {record.request}: its deviation, and its sibling's, are as large as "
-                                    f"another prompt's: not told apart")
-            self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict="sibling_untold",
-                            detail=(f"the hit differs from its cold fingerprint ({mine.agreeing} tokens as cold), "
-                                    f"reproducibly; {said}; but the nearest other prompt's answer is no farther: "
-                                    f"the fingerprint does not tell a restore from a wrong state here"), **evidence)
+            self.twins.not_told(state, record, "sibling_untold",
+                                f"request {record.request}: its deviation, and its sibling's, are as large as "
+                                f"another prompt's: not told apart",
+                                detail=(f"the hit differs from its cold fingerprint ({mine.agreeing} tokens as cold), "
+                                        f"reproducibly; {said}; but the nearest other prompt's answer is no farther: "
+                                        f"the fingerprint does not tell a restore from a wrong state here"), **evidence)
             return None
         self.rq.finding(state, "fingerprint_mismatch", "info", record, twin_verdict="sibling_same_cost",
                         detail=(f"the hit differs from its cold fingerprint ({mine.agreeing} tokens as cold, "

@@ -129,7 +129,7 @@ class TwinJudge:
         tolerance = self.rq.scenario.evidence.fingerprint_tolerance
         yard, other_memo = self._nearest(own)
         if other_memo and not resolves(yard, tolerance):
-            self._not_told(state, record, "unresolved",
+            self.not_told(state, record, "unresolved",
                            f"request {record.request}: another memo's fingerprint writes the same tokens "
                                     f"{yard.distance:.4f} apart: fingerprints do not tell states apart here",
                             detail=(f"the hit differs from its cold fingerprint ({mine.agreeing} tokens as cold, "
@@ -165,7 +165,7 @@ class TwinJudge:
             return True
         if not twin.exact:
             # its writers did not all resume where theirs did: the twin's state took another path
-            self._not_told(state, record, "twin_inexact",
+            self.not_told(state, record, "twin_inexact",
                            f"request {record.request} differs from a twin whose writers resumed elsewhere "
                                     f"than the originals",
                             detail=f"the hit differs from its twin (request {twin.record.request}, "
@@ -175,7 +175,7 @@ class TwinJudge:
             return True
         second = await make_twin(self.rq, state, record)
         if second.record is None or not second.record.completion.logprobs:
-            self._not_told(state, record, "no_second_twin",
+            self.not_told(state, record, "no_second_twin",
                            f"request {record.request} differs from its twin, and no second twin could be "
                                     f"made to measure the server's noise",
                             detail=f"the hit differs from its twin (request {twin.record.request}, "
@@ -207,7 +207,7 @@ class TwinJudge:
                                     f"alongside other requests, its twin's alone; a chunk boundary rounds the state "
                                     f"as a resume does. Not a wrong state"), **facts)
         elif differs and near == "untold":
-            self._not_told(state, record, "untold",
+            self.not_told(state, record, "untold",
                            f"request {record.request}'s tokens part from its twin's at output token "
                                     f"{vs_twin.agreeing}, where other prompts' part too: not told apart",
                             detail=(f"the hit differs from its twin (request {twin.record.request}), its tokens "
@@ -230,7 +230,7 @@ class TwinJudge:
                                     f"this point, not a wrong state"), **facts)
         return True
 
-    def _not_told(self, state: PhaseState, record: Record, verdict: str, why: str, **finding) -> None:
+    def not_told(self, state: PhaseState, record: Record, verdict: str, why: str, **finding) -> None:
         """A deviation the evidence cannot call right or wrong: warn, and the phase proved nothing here."""
         state.mark_inconclusive(why)
         self.rq.finding(state, "fingerprint_mismatch", "warn", record, twin_verdict=verdict, **finding)
@@ -275,7 +275,7 @@ class TwinJudge:
             where = (f"its fingerprint is {mine.second:.4f} from its cold run's, where another prompt's writes the "
                      f"same tokens only {yard.distance:.4f} apart" if mine.same_tokens and yard is not None else
                      f"its tokens part from its cold run at output token {mine.agreeing}, where other prompts' part too")
-            self._not_told(state, record, "untold", f"request {record.request}: {where}: not told apart",
+            self.not_told(state, record, "untold", f"request {record.request}: {where}: not told apart",
                            detail=(f"the hit {'equals' if vs_twin.matches(tolerance) else 'is near'} its twin "
                                    f"(request {twin.record.request}, {vs_twin.distance:.4f} apart), and {where} "
                                    f"({cost}; {sized}): on this model the fingerprint does not tell this restore "

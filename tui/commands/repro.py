@@ -1,4 +1,4 @@
-"""`hitproof repro LOG [--finding N] --output FILE`: a standalone script that replays the minimal
+"""`hitproof repro LOG [--finding N] [--kind KIND] --output FILE`: a standalone script that replays the minimal
 request sequence behind a fail-class finding and checks the same claim (tui/core/report/repro.py)."""
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     parser.add_argument("--finding", type=int, metavar="N",
                         help="which fail-class finding, counted from 1 in the log's order (default: the first "
                              "whose prompts the log holds whole)")
+    parser.add_argument("--kind", metavar="KIND",
+                        help="reproduce a finding of this kind, fail- or warn-class (e.g. reuse_short); --finding "
+                             "then counts the findings of this kind")
     parser.add_argument("--output", metavar="FILE", required=True,
                         help="where to write the script ('-': standard output)")
     parser.add_argument("--repeats", type=int, default=3, metavar="K",
@@ -26,18 +29,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return parser
 
 
-def script_for(log: str, finding: int | None, repeats: int = 3) -> tuple[dict, str]:
+def script_for(log: str, finding: int | None, repeats: int = 3, kind: str | None = None) -> tuple[dict, str]:
     from ..core.report.repro import plan_repro
     from ..core.report.repro_script import script_text
 
     if repeats < 1:
         raise BadInput("--repeats must be at least 1")
-    plan = plan_repro(log, finding, repeats)
+    plan = plan_repro(log, finding, repeats, kind)
     return plan, script_text(plan)
 
 
 def run(args) -> int:
-    plan, text = script_for(args.log, args.finding, args.repeats)
+    plan, text = script_for(args.log, args.finding, args.repeats, args.kind)
     f = plan["finding"]
     if args.output == "-":
         sys.stdout.write(text)

@@ -57,7 +57,10 @@ together with other identities' (a partition batch), the hit is sent K times wit
 once, on threads, and judged whether or not anything was reused. It checks the claim hitproof
 judged on each hit (the planted code, foreign codes, the fingerprint within the tolerance used,
 an empty or repeating answer, as the finding's kind says) against the cold reference, and prints
-what it saw next to what the log saw.
+what it saw next to what the log saw. A leak across identities sent alone re-sends the other
+identity's request before each hit (and, when the claim was the reuse itself, counts the cached
+tokens); a server that failed gets the request it failed on; a repeat that reused too little is
+written under a fresh cache_salt and repeated, against the grid's promise.
 
 Exit codes: 0 the fault no longer shows; 1 it shows; 2 a usage or connection error (one line);
 4 nothing to judge (no re-sent hit was served from the cache, or no log-probabilities to compare).
@@ -87,7 +90,11 @@ PLAN = json.loads(@PLAN@)
 # --- the wire ----------------------------------------------------------------------------------
 
 class Problem(Exception):
-    """A connection or HTTP error: one line, exit 2."""
+    """A connection or HTTP error: one line, exit 2 (`status`: the HTTP status, None for a connection)."""
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
 
 
 def parse_logprobs(data):
@@ -163,7 +170,7 @@ def send(url, body, timeout):
                     finish = choice.get("finish_reason") or finish
     except urllib.error.HTTPError as exc:
         detail = " ".join(exc.read().decode("utf-8", "replace").split())[:200]
-        raise Problem(f"{url}{path}: HTTP {exc.code}: {detail or exc.reason}") from None
+        raise Problem(f"{url}{path}: HTTP {exc.code}: {detail or exc.reason}", exc.code) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise Problem(f"{url}{path}: {getattr(exc, 'reason', None) or exc}") from None
     return {"text": text, "logprobs": logprobs, "cached": cached_of(usage, timings), "finish": finish}
@@ -238,7 +245,77 @@ def main():
         return 130
 
 
+def health(url, timeout):
+    """Whether the server answers GET /v1/models (a listing of its models) at all."""
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=min(timeout, 30)) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def run_failed(url, args):
+    """server_error: the request the server failed on, sent as the soak sent it."""
+    if not health(url, args.timeout):
+        raise Problem(f"{url}/v1/models: the server does not answer before anything is sent")
+    step = PLAN["steps"][0]
+    seen = step["log"]
+    print(f"log: request {seen['request']} got no answer: {seen['error']}")
+    for line in PLAN.get("last_lines") or []:
+        print(f"log: the server's last output: {line.strip()[:200]}")
+    failed = 0
+    for i in range(args.repeats):
+        try:
+            answer = send(url, dict(step["body"]), args.timeout)
+        except Problem as exc:
+            if exc.status is not None and exc.status < 500:      # refused, not failed: a wrong URL or model
+                raise Problem(f"{exc} (the server refused the request: not the failure the log saw)") from None
+            alive = health(url, args.timeout)
+            print(f"failed now: {exc}; the server {'still answers' if alive else 'no longer answers'} /v1/models")
+            failed += 1
+            if not alive:
+                break
+            continue
+        print(f"failed now: answered ({show(answer)})")
+    if failed:
+        print(f"FAULT SHOWS: the server failed on {failed} of the requests sent")
+        return 1
+    print(f"fault no longer shows: the server answered the request {args.repeats} time(s)")
+    return 0
+
+
+def run_reuse(url, args):
+    """reuse_short: the prompt written under a fresh salt, repeated, against the grid's promise."""
+    writer, hit = PLAN["steps"]
+    promised, short, known = PLAN["promised"], 0, 0
+    print(f"log: request {hit['log']['request']} of {PLAN['prompt_tokens']} tokens reused "
+          f"{hit['log']['cached_tokens']} where the grid promises {promised}; a second repeat reused "
+          f"{PLAN.get('second_cached')}")
+    for i in range(args.repeats):
+        body = dict(writer["body"], cache_salt=f"hitproof-repro-{uuid.uuid4().hex[:12]}")
+        first = send(url, body, args.timeout)
+        repeat = send(url, body, args.timeout)
+        second = send(url, body, args.timeout)
+        print(f"round {i + 1}: writer {show(first)}; repeat cached {repeat['cached']}; a second repeat cached "
+              f"{second['cached']} (promised {promised})")
+        if repeat["cached"] is not None:
+            known += 1
+            short += repeat["cached"] < promised
+    if not known:
+        print("NOTHING TO JUDGE: the server does not report cached tokens")
+        return 4
+    if short:
+        print(f"FAULT SHOWS on {short} of {known} first repeats: fewer tokens reused than the {promised} promised")
+        return 1
+    print(f"fault no longer shows: {known} of {known} first repeats reused at least the {promised} promised")
+    return 0
+
+
 def run(url, args, claim):
+    if claim == "server_error":
+        return run_failed(url, args)
+    if claim == "reuse":
+        return run_reuse(url, args)
     tolerance = PLAN["cold_tolerance"]
     cold = None
     hits, hit_step = [], PLAN["steps"][-1]
@@ -249,6 +326,15 @@ def run(url, args, claim):
         elif step["fresh_salt"] and "cache_salt" not in body:
             body["cache_salt"] = f"hitproof-repro-{uuid.uuid4().hex[:12]}"
         for _ in range(args.repeats if step is hit_step else 1):
+            if step.get("before") and PLAN["run"]["dialect"] != "llamacpp":
+                # each round in a namespace of its own, shared by the writers and the hit: the hit's own
+                # state from the round before must not be what it reuses (llama.cpp has no salt; an
+                # adapter change clears its slot instead)
+                body["cache_salt"] = f"hitproof-repro-{uuid.uuid4().hex[:12]}"
+            for other in step.get("before") or []:      # another identity writes the prompt first
+                written = send(url, {**other["body"], **({"cache_salt": body["cache_salt"]} if "cache_salt" in body
+                                                         else {})}, args.timeout)
+                print(f"{'other':<6} now: {show(written)}  [{other['label']}]")
             if step.get("together"):            # the request and its batch mates, at once
                 answer = send_together(url, [body, *step["together"]], args.timeout)[0]
             else:
@@ -272,6 +358,18 @@ def run(url, args, claim):
         return 0
     if cold["cached"] is not None and cold["cached"] > tolerance:
         print(f"note: the cold reference was not cold ({cold['cached']} cached tokens)")
+    if claim == "reuse_across":           # it reused what only the other identities had computed
+        known = [h for h in hits if h["cached"] is not None]
+        if not known:
+            print("NOTHING TO JUDGE: the server does not report cached tokens")
+            return 4
+        leaked = [h for h in known if h["cached"] > tolerance]
+        if leaked:
+            print(f"FAULT SHOWS on {len(leaked)} of {len(known)} requests: {leaked[0]['cached']} cached tokens of a "
+                  f"prompt only another identity had computed (at most {tolerance} may be shared)")
+            return 1
+        print(f"fault no longer shows: {len(known)} of {len(known)} requests reused at most {tolerance} tokens")
+        return 0
     # a batch is judged whatever it reused (the fault is in the batch, not the cache)
     proven = hits if PLAN.get("batched") else [h for h in hits if h["cached"] is None or h["cached"] > tolerance]
     if not proven:

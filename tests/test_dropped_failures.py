@@ -16,11 +16,11 @@ from tui.app.app import build_app
 from tui.app.sources import LiveSource
 from tui.core.config.errors import EXIT_INTERNAL
 from tui.core.config.scenario import parse_scenario
-from tui.core.log.events import EventBus, RequestFinished, ServerLog
+from tui.core.log.events import RequestFinished, ServerLog
 from tui.core.server.profiles import adhoc_plan
 from tui.core.soak.engine import Target
 from tui.refserver import start_refserver
-from tui.runner import run_launched, run_soak
+from tui.runner import RunHooks, run
 
 SMALL = """
 [scenario]
@@ -75,9 +75,8 @@ async def launched(tmp_path, *, later: bool, broken: bool, rounds: int):
     plan = adhoc_plan(wrapper(tmp_path, later=later), None, 60)
     servers = []
     log = tmp_path / f"run-{later}-{broken}.jsonl"
-    outcome = await run_launched(parse_scenario(SMALL.format(rounds=rounds), "s.toml"), plan, bus=EventBus(),
-                                 record=log, listeners=[BrokenDisplay(broken)], progress=lambda line: None,
-                                 on_server=servers.append)
+    outcome = await run(parse_scenario(SMALL.format(rounds=rounds), "s.toml"), plan,
+                        RunHooks(listeners=[BrokenDisplay(broken)], on_server=servers.append), record=log)
     events = [json.loads(line) for line in log.read_text().splitlines()]
     return outcome, events, servers[0]
 
@@ -111,8 +110,8 @@ async def test_the_same_runs_with_a_working_display_make_the_finding(tmp_path):
 
 async def test_a_clean_launched_run_passes():
     plan = adhoc_plan(f"{sys.executable} -m tui.refserver --port {{port}}", None, 60)
-    outcome = await run_launched(parse_scenario(SMALL.format(rounds=2), "s.toml"), plan, bus=EventBus(),
-                                 record=None, listeners=[BrokenDisplay(True)], progress=lambda line: None)
+    outcome = await run(parse_scenario(SMALL.format(rounds=2), "s.toml"), plan,
+                        RunHooks(listeners=[BrokenDisplay(True)]))
     assert (outcome.verdict, outcome.exit_code) == ("pass", 0)
 
 
@@ -130,9 +129,11 @@ def app_on(url: str, *, break_on_request: bool = False, hold_s: float | None = N
     async def slow(engine, outcome) -> None:
         await asyncio.sleep(hold_s)
 
-    async def start(*, listeners, after_run, on_engine, progress):
-        return await run_soak(scen, Target(url=url), bus=EventBus(), record=None, listeners=[*listeners, broken],
-                              after_run=slow if hold_s is not None else after_run, on_engine=on_engine)
+    def start(hooks: RunHooks):
+        hooks.listeners.append(broken)
+        if hold_s is not None:
+            hooks.after_run = slow
+        return run(scen, Target(url=url), hooks)
 
     return build_app(LiveSource(start))
 

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tui.core.soak.engine import Target
-from tui.core.log.events import (EventBus, Finding, IsolationFinished, PhaseFinished, PhaseStarted, RequestFinished,
+from tui.core.log.events import (Finding, IsolationFinished, PhaseFinished, PhaseStarted, RequestFinished,
                                  RequestStarted, RunFinished, RunHeader, ServerInfo)
 from tui.core.report.formats import to_junit, to_markdown
 from tui.headless import report_text as to_text
@@ -17,7 +17,7 @@ from tui.core.log.recorder import read_log
 from tui.core.report.report import RunReport
 from tui.core.config.scenario import parse_scenario
 from tui.refserver import start_refserver
-from tui.runner import run_soak
+from tui.runner import run
 
 SCENARIO = """
 [scenario]
@@ -45,8 +45,7 @@ FAULTS = ("foreign_state", "none", "wording_drift")
 async def _record(fault: str, path) -> None:
     handle = await start_refserver(port=0, fault=fault, drift_min_tokens=200)
     try:
-        await run_soak(parse_scenario(SCENARIO), Target(url=handle.url), bus=EventBus(), record=path,
-                       listeners=[], isolate=True)
+        await run(parse_scenario(SCENARIO), Target(url=handle.url), record=path, isolate=True)
     finally:
         await handle.close()
 

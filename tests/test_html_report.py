@@ -23,14 +23,14 @@ from support.cli import ROOT, run_hitproof
 from support.html_page import assert_self_contained, colours, find, parse_page, screenshot
 from support.png import crop_rows, first_row_with
 from tui.core.soak.engine import Target
-from tui.core.log.events import EventBus, Finding, MetricsSample, RequestFinished, RequestStarted, RunHeader
+from tui.core.log.events import Finding, MetricsSample, RequestFinished, RequestStarted, RunHeader
 from tui.core.report.html import (COLORS, MAX_DOTS, MAX_FINDINGS_DETAILED, MAX_FINDINGS_LISTED, MAX_TIMELINE,
                                   HtmlFold, marked_html, marks_for, read_log, timeline_points, to_html, ttft_chart)
 from tui.core.log.recorder import encode_line
 from tui.core.report.report import RunReport
 from tui.core.config.scenario import load_scenario
 from tui.refserver import start_refserver
-from tui.runner import run_soak
+from tui.runner import run
 
 FIXTURE = ROOT / "tests" / "fixtures" / "vllm-quick-report.jsonl.gz"
 SCENARIOS = ROOT / "scenarios"
@@ -43,8 +43,7 @@ def _raw(path: Path) -> list[dict]:
 async def _record(fault: str, scenario: str, path: Path, isolate: bool = False) -> None:
     handle = await start_refserver(port=0, fault=fault, seed=0, decode_ms_per_token=2.0)
     try:
-        await run_soak(load_scenario(SCENARIOS / scenario), Target(url=handle.url), bus=EventBus(), record=path,
-                       listeners=[], isolate=isolate)
+        await run(load_scenario(SCENARIOS / scenario), Target(url=handle.url), record=path, isolate=isolate)
     finally:
         await handle.close()
 

@@ -300,15 +300,14 @@ async def test_app_server_log_pane_shows_the_launched_servers_output(tmp_path):
     from tui.app.sources import LiveSource
     from tui.core.server.profiles import parse_profile
     from tui.core.config.scenario import parse_scenario
-    from tui.runner import run_launched
+    from tui.runner import run
 
     plan = parse_profile(f'name = "ref"\ncommand = "{REFSERVER}"\n', "ref.toml").plan()
     servers = []
 
-    async def start(*, listeners, after_run, on_engine, progress):
-        return await run_launched(parse_scenario(SMALL), plan, bus=EventBus(), record=tmp_path / "app.jsonl",
-                                  listeners=listeners, progress=progress, after_run=after_run, on_engine=on_engine,
-                                  on_server=servers.append)
+    def start(hooks):
+        hooks.on_server = servers.append
+        return run(parse_scenario(SMALL), plan, hooks, record=tmp_path / "app.jsonl")
 
     app = build_app(LiveSource(start))
     async with app.run_test(size=(100, 30)) as pilot:

@@ -188,16 +188,16 @@ def test_a_command_is_one_module():
 
 # The house around the core, one direction (tui/README.md draws it): the command line dispatches to
 # the commands; a command may use any part; the app and the matrix draw and run; the runner starts
-# servers (embedded engines, fleets) and the soak; the embedded engines and the headless console know
-# only the core; the reference fault server knows nothing of hitproof (it shares no code with checks).
+# servers (launched, embedded, replicas behind a router) and the soak; the embedded engines and the
+# headless console know only the core; the reference fault server knows nothing of hitproof (it
+# shares no code with checks).
 PACKAGE_ALLOWED = {
     "__main__": {"cli"},
     "cli": {"commands", "core"},
     "commands": {"app", "core", "embedded", "headless", "matrix", "refserver", "runner"},
     "app": {"core", "matrix"},
     "matrix": {"core", "runner"},
-    "runner": {"core", "embedded", "fleet"},
-    "fleet": {"core"},
+    "runner": {"core", "embedded"},
     "headless": {"core"},
     "embedded": {"core"},
     "refserver": set(),

@@ -13,6 +13,7 @@ import secrets
 import httpx
 import pytest
 
+from tui.core.server.cluster import Cluster
 from tui.embedded import prepare
 from tui.embedded import router as R
 
@@ -62,12 +63,12 @@ async def test_round_robin_router_serves_from_both_replicas_and_passes_cache_rep
     assert all(u.startswith("http://127.0.0.1:") for u in [plan.url, *plan.worker_urls])
     prompt = memo()
     served, router_counts = [], []
-    async with R.Cluster(plan) as cluster, httpx.AsyncClient(timeout=600, trust_env=False) as client:
+    async with Cluster(plan.launch_plan()) as cluster, httpx.AsyncClient(timeout=600, trust_env=False) as client:
         for i in range(4):  # the same prompt: each replica sees it cold once, then hits
-            before = await R.scrape_workers(cluster.worker_urls, client)
+            before = await R.scrape_workers(cluster.replica_urls, client)
             routed_before = R.worker_request_counts(router, (await client.get(plan.metrics_url)).text)
             usage, timings, headers, models = await completion(client, cluster.url, prompt, stream=i % 2 == 1)
-            after = await R.scrape_workers(cluster.worker_urls, client)
+            after = await R.scrape_workers(cluster.replica_urls, client)
             routed_after = R.worker_request_counts(router, (await client.get(plan.metrics_url)).text)
             by = R.served_by(before, after)
             assert len(by) == 1, (before, after)  # a request sent alone moves exactly one replica
@@ -95,13 +96,13 @@ async def test_round_robin_router_serves_from_both_replicas_and_passes_cache_rep
 
 async def test_a_failing_replica_is_an_error_not_a_silent_retry(set_up):
     plan = R.plan_cluster(2, router="vllm-router", policy="round_robin")
-    async with R.Cluster(plan) as cluster, httpx.AsyncClient(timeout=600, trust_env=False) as client:
+    async with Cluster(plan.launch_plan()) as cluster, httpx.AsyncClient(timeout=600, trust_env=False) as client:
         prompt = memo(40)
         codes = [(await client.post(cluster.url + "/v1/completions",
                                     json={"model": "gemma3-270m", "prompt": prompt, "max_tokens": 2})).status_code
                  for _ in range(2)]
         assert codes == [200, 200]  # clean: both replicas answer
-        await cluster.workers[1].stop()  # the fault: one replica dies
+        await cluster.replicas[1].stop()  # the fault: one replica dies
         codes = [(await client.post(cluster.url + "/v1/completions",
                                     json={"model": "gemma3-270m", "prompt": prompt, "max_tokens": 2})).status_code
                  for _ in range(4)]

@@ -18,17 +18,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from .core.config.errors import EXIT_INTERRUPTED, BadInput, HitproofError
-from .core.log.events import Event, EventBus
+from .core.log.events import EventBus
 from .core.server.profiles import Profile
 from .core.report.report import RunReport
 from .core.config.scenario import Scenario
 from .core.server.launch import ServerProcess
+from .core.soak.hooks import RunHooks
 
-Listener = Callable[[Event], None]
 RESULT = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "error": "ERROR",
           "interrupted": "INTERRUPTED", "incomplete": "ERROR", "not_run": "NOT RUN"}
 
@@ -139,18 +140,16 @@ def write_files(out: Path, rows: list[dict[str, Any]], scenario: str = "") -> No
 # --- running -------------------------------------------------------------------------------------
 
 async def run_matrix(scenario: Scenario, profiles: list[Profile], out: Path, *,
-                     progress: Callable[[str, str], None],
-                     listeners: Callable[[Profile], list[Listener]] = lambda p: [],
+                     hooks: Callable[[Profile], RunHooks] = lambda p: RunHooks(),
                      on_row: Callable[[int, dict[str, Any]], None] = lambda i, row: None,
-                     echo: Callable[[str, str], None] | None = None,
-                     argv: list[str] | None = None,
-                     on_engine: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
+                     argv: list[str] | None = None) -> list[dict[str, Any]]:
     """Run every profile in turn; returns the rows (also written to out after each profile).
 
-    `progress(profile_name, line)` gets start-up progress, `echo(profile_name, line)` every server
-    output line, `listeners(profile)` the event listeners for that profile's soak, `on_row(i, row)`
-    each finished row, `on_engine(engine)` each soak's engine once it exists (the app pauses it)."""
-    from .runner import run_profile
+    `hooks(profile)` is what that profile's run tells (its listeners, start-up progress, server
+    output, the engine once it exists: the app pauses it), asked just before it launches (its
+    on_server is the matrix's own: the server's last lines go in an error row); `on_row(i, row)`
+    gets each finished row."""
+    from .runner import run
 
     check_names(profiles)
     out.mkdir(parents=True, exist_ok=True)
@@ -162,14 +161,12 @@ async def run_matrix(scenario: Scenario, profiles: list[Profile], out: Path, *,
         report = RunReport()
         bus = EventBus()
         bus.subscribe(report.feed)
-        tail: list[ServerProcess] = []
+        told = hooks(profile)
+        tail: list[ServerProcess] = []     # the server, for its last lines when it never served
         started = time.monotonic()
         row["message"] = "running"
         try:
-            await run_profile(scenario, profile, bus=bus, record=log, listeners=listeners(profile),
-                              progress=lambda line, n=profile.name: progress(n, line), argv=argv,
-                              echo=(lambda line, n=profile.name: echo(n, line)) if echo else None,
-                              on_server=tail.append, on_engine=on_engine)
+            await run(scenario, profile, replace(told, on_server=tail.append), bus=bus, record=log, argv=argv)
             fill_row(row, report, log)
         except HitproofError as exc:
             if report.header is not None:

@@ -8,9 +8,8 @@ from pathlib import Path
 from tui.app.app import build_app
 from tui.app.sources import LiveSource
 from tui.core.soak.engine import Target
-from tui.core.log.events import EventBus
 from tui.core.config.scenario import load_scenario, parse_scenario
-from tui.runner import run_soak
+from tui.runner import run
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "screenshots"
@@ -20,9 +19,8 @@ def live_app(url: str, scenario: str | Path, *, record: Path | None = None, text
              replicas: list[str] | None = None):
     scen = parse_scenario(text, "test.toml") if text is not None else load_scenario(scenario)
 
-    async def start(*, listeners, after_run, on_engine, progress):
-        return await run_soak(scen, Target(url=url, replicas=list(replicas or [])), bus=EventBus(), record=record, listeners=listeners,
-                              after_run=after_run, on_engine=on_engine)
+    def start(hooks):
+        return run(scen, Target(url=url, replicas=list(replicas or [])), hooks, record=record)
 
     return build_app(LiveSource(start), screenshot_dir=SCREENSHOTS)
 

@@ -19,9 +19,8 @@ def matrix_app(scenario, profiles, out, *, argv: list[str], **options):
     """The app over tui.matrix.run_matrix (the CLI's `hitproof matrix` without --headless, and the
     tests): built by the one factory over a MatrixSource. Returns (app, source)."""
 
-    async def start(*, listeners, progress, on_row, on_engine):
-        return await run_matrix(scenario, profiles, out, progress=progress, listeners=listeners, on_row=on_row,
-                                on_engine=on_engine, argv=argv)
+    async def start(*, hooks, on_row):
+        return await run_matrix(scenario, profiles, out, hooks=hooks, on_row=on_row, argv=argv)
 
     source = MatrixSource(start, [pending_row(p, scenario) for p in profiles], out=str(out))
     return build_app(source, **options), source

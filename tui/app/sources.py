@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from ..core.soak.engine import Outcome, SoakEngine
+from ..core.soak.hooks import RunHooks
 from ..core.config.errors import HitproofError
 from ..core.log.events import Finding, RunFinished
 from .messages import MatrixDone, MatrixProfileStarted, MatrixRowDone, StatusLine
@@ -16,8 +17,8 @@ from .stream import Stream
 if TYPE_CHECKING:
     from .ports import AppPort
 
-# start(listeners, after_run, on_engine) runs one soak (tui.runner) and returns its outcome.
-Starter = Callable[..., Awaitable[Outcome]]
+# start(hooks) runs one soak (tui.runner.run, as headless does) and returns its outcome.
+Starter = Callable[[RunHooks], Awaitable[Outcome]]
 
 
 class LiveSource:
@@ -41,8 +42,8 @@ class LiveSource:
             self.engine = engine
 
         try:
-            outcome = await self._start(listeners=[app.feed], after_run=hold, on_engine=attach,
-                                        progress=lambda line: app.post_message(StatusLine(line)))
+            outcome = await self._start(RunHooks(listeners=[app.feed], after_run=hold, on_engine=attach,
+                                                 progress=lambda line: app.post_message(StatusLine(line))))
         except HitproofError as exc:
             app.feed(RunFinished(verdict="error", exit_code=exc.exit_code, message=str(exc)))
             return exc.exit_code
@@ -77,7 +78,7 @@ async def isolate_on(engine: SoakEngine | None, request: int, kind: str | None) 
     return True
 
 
-# start(listeners=, progress=, on_row=, on_engine=) runs the matrix (tui.matrix.run_matrix), returns its rows.
+# start(hooks=, on_row=) runs the matrix (tui.matrix.run_matrix: hooks(profile) -> RunHooks), returns its rows.
 MatrixStarter = Callable[..., Awaitable[list]]
 
 
@@ -103,12 +104,14 @@ class MatrixSource:
         begun = time.monotonic()
         names = [row["profile"] for row in self.rows]
 
-        def listeners(profile) -> list:
+        def hooks(profile) -> RunHooks:
+            """Asked as each profile launches: its events go to a fresh stream on screen."""
             index = names.index(profile.name)
             self.running, self.started_at, self.engine = index, time.monotonic(), None
             stream = Stream()
             app.post_message(MatrixProfileStarted(index, stream))
-            return [stream.feed]
+            return RunHooks(listeners=[stream.feed], on_engine=attach,
+                            progress=lambda line: app.post_message(StatusLine(f"[{profile.name}] {line}")))
 
         def on_row(index: int, row: dict) -> None:
             self.rows[index] = json_copy(row)
@@ -120,10 +123,7 @@ class MatrixSource:
             if self.paused:
                 engine.gate.clear()
 
-        def progress(name: str, line: str) -> None:
-            app.post_message(StatusLine(f"[{name}] {line}"))
-
-        await self._start(listeners=listeners, progress=progress, on_row=on_row, on_engine=attach)
+        await self._start(hooks=hooks, on_row=on_row)
         self.finished = True
         app.post_message(MatrixDone(time.monotonic() - begun))
         return 0

@@ -38,7 +38,8 @@ def _matrix(args, console: Console, err: Console, argv: list[str]) -> int:
     from rich.text import Text
 
     from ..core.server.profiles import load_profile, resolve_profile_path
-    from ..headless import STATUS_STYLE, HeadlessConsole
+    from ..core.soak.hooks import RunHooks
+    from ..headless import STATUS_STYLE, HeadlessConsole, StartupLines
     from ..matrix import RESULT, check_names, row_line, run_matrix
 
     # Everything is validated before anything is launched: a bad profile or scenario is exit 2.
@@ -59,19 +60,16 @@ def _matrix(args, console: Console, err: Console, argv: list[str]) -> int:
     console.print(f"matrix: {total} profile(s) x scenario {scenario.name} -> {out}")
     consoles: list[HeadlessConsole] = []
 
-    def listeners(profile):
+    def hooks(profile) -> RunHooks:
         console.print(Text(f"[{profiles.index(profile) + 1}/{total}] {profile.name}: launching", style="bold"))
         consoles.append(HeadlessConsole(console, show_info=args.verbose))
-        return [consoles[-1]]
 
-    from ..headless import StartupLines
-    lines: dict[str, StartupLines] = {}
+        def echo(line: str) -> None:
+            err.print(f"[{profile.name} log] {line}", style="grey50", markup=False, highlight=False)
 
-    def progress(name: str, line: str) -> None:     # without a terminal, a line only when it changes
-        lines.setdefault(name, StartupLines(err, name))(line)
-
-    def echo(name: str, line: str) -> None:
-        err.print(f"[{name} log] {line}", style="grey50", markup=False, highlight=False)
+        # without a terminal, a start-up line only when it changes
+        return RunHooks(listeners=[consoles[-1]], progress=StartupLines(err, profile.name),
+                        echo=echo if args.verbose else None)
 
     def on_row(index: int, row: dict) -> None:
         if consoles:
@@ -80,8 +78,7 @@ def _matrix(args, console: Console, err: Console, argv: list[str]) -> int:
 
     started = time.monotonic()
     try:
-        rows = asyncio.run(run_matrix(scenario, profiles, out, progress=progress, listeners=listeners,
-                                      on_row=on_row, echo=echo if args.verbose else None,
+        rows = asyncio.run(run_matrix(scenario, profiles, out, hooks=hooks, on_row=on_row,
                                       argv=["hitproof", *argv]))
     except KeyboardInterrupt:
         for c in consoles:

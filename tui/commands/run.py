@@ -1,5 +1,5 @@
 """`hitproof run`: soak a server (attached, launched, a profile, or an embedded engine, alone or as replicas
-behind a router) in the app or headless (tui/runner.py starts what the inputs name)."""
+behind a router) in the app or headless, the same way: tui.runner.run starts what the inputs name."""
 
 from __future__ import annotations
 
@@ -76,51 +76,43 @@ def run(args) -> int:
 
 def _run(args, console: Console, err: Console, argv: list[str]) -> int:
     from .replica_options import prepare_router, replica_urls
-    from ..core.soak.engine import Target
-    from ..runner import default_log_path, run_embedded, run_launched, run_soak
+    from ..core.soak.hooks import RunHooks
+    from .. import runner
+    from ..runner import Embedded, Target, default_log_path
 
     scenario, plan = _run_inputs(args)       # every input validated (exit 2) before anything starts
     record = None if args.no_record else Path(args.record) if args.record else default_log_path()
     if record is not None:
         from ..core.log.recorder import check_writable
         check_writable(record)               # exit 5 before a server is launched or a model loaded
-    engine = None if (args.attach or plan) else (args.engine or "vllm")
-    label = engine or ((plan.profile or {}).get("name") if plan else None) or "server"
+    replicas = replica_urls(args)
+    if args.attach:
+        what = Target(url=normalize_url(args.attach), dialect=args.dialect, replicas=replicas,
+                      router_metrics=args.router_metrics)
+        label = "server"
+    elif plan is not None:
+        what, label = plan, (plan.profile or {}).get("name") or "server"
+    else:
+        engine = args.engine or "vllm"
+        _prepare_embedded(engine, args.model, err)
+        if args.replicas:
+            prepare_router(err)
+        what, label = Embedded(engine, args.model, args.replicas, args.router, args.policy), engine
 
+    def start(hooks: RunHooks):
+        """The one way the run goes, headless or in the app: start what the inputs name, soak it, stop it."""
+        return runner.run(scenario, what, hooks, record=record, argv=["hitproof", *argv], isolate=args.isolate)
+
+    if not args.headless:
+        return _run_app(start, record, err)
     from ..headless import StartupLines
-    progress = StartupLines(err, label)      # without a terminal, a line only when it changes
 
     def echo(line: str) -> None:       # --verbose: the launched server's output as it comes
         err.print(f"[{label} log] {line}", style="grey50", markup=False, highlight=False)
 
-    replicas = replica_urls(args)
-    if engine:
-        _prepare_embedded(engine, args.model, err)
-        if args.replicas:
-            prepare_router(err)
-    hitproof_argv = ["hitproof", *argv]
-    url = normalize_url(args.attach) if args.attach else None
-
-    async def start(*, bus, listeners, after_run=None, on_engine=None, progress=progress):
-        common = dict(bus=bus, record=record, listeners=listeners, argv=hitproof_argv, isolate=args.isolate,
-                      after_run=after_run, on_engine=on_engine)
-        verbose = echo if args.verbose and args.headless else None
-        if plan is not None:
-            return await run_launched(scenario, plan, progress=progress, echo=verbose, **common)
-        if engine and args.replicas:
-            from ..runner import run_embedded_cluster
-            return await run_embedded_cluster(scenario, engine, args.model, args.replicas,
-                                              router=args.router or "vllm-router",
-                                              policy=args.policy or "round_robin", progress=progress, echo=verbose,
-                                              **common)
-        if engine:
-            return await run_embedded(scenario, engine, args.model, progress=progress, echo=verbose, **common)
-        return await run_soak(scenario, Target(url=url, dialect=args.dialect, replicas=replicas,
-                                               router_metrics=args.router_metrics), **common)
-
-    if not args.headless:
-        return _run_app(start, record, err)
-    return _run_headless(start, record, console, err, verbose=args.verbose)
+    # without a terminal, a start-up line only when it changes
+    return _run_headless(start, RunHooks(progress=StartupLines(err, label), echo=echo if args.verbose else None),
+                         record, console, err, verbose=args.verbose)
 
 
 def _run_inputs(args):
@@ -160,19 +152,17 @@ def _prepare_embedded(engine: str, model: str, err: Console) -> None:
         raise HitproofError(str(exc)) from None
 
 
-def _run_headless(start, record: Path | None, console: Console, err: Console, *, verbose: bool) -> int:
+def _run_headless(start, hooks, record: Path | None, console: Console, err: Console, *, verbose: bool) -> int:
     """The soak on the console: progress while it runs, the summary and the power line after."""
-    from ..core.log.events import EventBus
     from ..core.report.power import power_line
     from ..core.report.report import RunReport
     from ..headless import HeadlessConsole, summary_renderable
 
-    bus = EventBus()
     report = RunReport()
-    bus.subscribe(report.feed)
     headless = HeadlessConsole(console, show_info=verbose)
+    hooks.listeners = [report.feed, headless]
     try:
-        outcome = asyncio.run(start(bus=bus, listeners=[headless]))
+        outcome = asyncio.run(start(hooks))
     except KeyboardInterrupt:
         headless.stop()
         kept = f"; log kept at {record} ({_count_lines(record)} events)" if record and record.exists() else ""
@@ -194,13 +184,8 @@ def _run_headless(start, record: Path | None, console: Console, err: Console, *,
 def _run_app(start, record, err: Console) -> int:
     from ..app.app import build_app
     from ..app.sources import LiveSource
-    from ..core.log.events import EventBus
 
-    def live_start(*, listeners, after_run, on_engine, progress):
-        return start(bus=EventBus(), listeners=listeners, after_run=after_run, on_engine=on_engine,
-                     progress=progress)
-
-    app = build_app(LiveSource(live_start))
+    app = build_app(LiveSource(start))
     app.run()
     code = app.return_code if app.return_code is not None else EXIT_INTERRUPTED
     if app.failure:                          # seen on screen; said again once the screen is gone

@@ -10,10 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from ..core.server.launch import free_port
+from ..core.server.profiles import LaunchPlan
 from . import llamacpp, vllm
 from .common import EngineLaunch, SetupError, cache_dir
 
-__all__ = ["ENGINES", "EngineLaunch", "SetupError", "cache_dir", "placeholders", "prepare", "launch_spec"]
+__all__ = ["ENGINES", "EngineLaunch", "SetupError", "cache_dir", "placeholders", "prepare", "launch_spec",
+           "launch_plan"]
 
 ENGINES = ("vllm", "llamacpp")
 _MODULES = {"vllm": vllm, "llamacpp": llamacpp}
@@ -51,6 +54,17 @@ def launch_spec(engine: str, *, port: int, model: str = "gemma3-270m", lora: boo
     """
     return _module(engine).launch_spec(port=port, model=model, lora=lora, drafter=drafter,
                                        small_cache=small_cache, extra_args=tuple(extra_args))
+
+
+def launch_plan(engine: str, *, model: str = "gemma3-270m", replicas: int | None = None, router: str | None = None,
+                policy: str | None = None) -> LaunchPlan:
+    """How `hitproof run --engine E` starts it: alone on a free port, or `replicas` of it behind a real
+    router (tui/embedded/router.py); SetupError if prepare() has not run."""
+    if replicas:
+        from .router import cluster_launch_plan
+
+        return cluster_launch_plan(replicas, router=router, policy=policy, engine=engine, model=model)
+    return launch_spec(engine, port=free_port(), model=model).plan()
 
 
 def placeholders() -> dict[str, Callable[[], str]]:

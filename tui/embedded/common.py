@@ -21,6 +21,8 @@ from typing import Callable, Iterable
 
 import platformdirs
 
+from ..core.server.profiles import LaunchPlan, env_of_interest
+
 Progress = Callable[[str], None]
 
 # pip output lines worth showing a person while an install runs (the rest goes to the log).
@@ -46,6 +48,12 @@ class EngineLaunch:
     url: str  # http://127.0.0.1:PORT
     startup_timeout: float  # seconds
     facts: dict = field(default_factory=dict)
+
+    def plan(self, **more) -> LaunchPlan:
+        """The launch as every launch is described and started (tui.core.server); `more`: replicas etc."""
+        return LaunchPlan(argv=list(self.argv), url=self.url, env=self.env,
+                          env_of_interest=env_of_interest(self.env_of_interest, self.env),
+                          startup_timeout=self.startup_timeout, engine=self.engine, facts=dict(self.facts), **more)
 
 
 @dataclass(frozen=True)

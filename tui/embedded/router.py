@@ -7,8 +7,8 @@ each on a free loopback port:
 
     prepare_router(progress=print)                       # idempotent; instant once done
     plan = plan_cluster(2, router="vllm-router", policy="round_robin")
-    async with Cluster(plan) as cluster:                 # workers first, then the router
-        ...  # send requests to cluster.url; cluster.worker_urls are the replicas
+    async with Cluster(plan.launch_plan()) as cluster:   # tui.core.server.cluster: workers, then the router
+        ...  # send requests to cluster.url; cluster.replica_urls are the workers
 
 Facts measured here (tui/embedded/NOTES-router-slots.md has the numbers):
 
@@ -27,17 +27,16 @@ Facts measured here (tui/embedded/NOTES-router-slots.md has the numbers):
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import time
+import shutil
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
-import httpx
-
-from ..core.server.launch import LaunchError, ServerProcess, free_port
+from ..core.server.launch import free_port
+from ..core.server.profiles import LaunchPlan
 from ..core.server.replicas import router_counts_by_worker
 from .router_metrics import llamacpp_counters, scrape_workers, served_by, worker_health
 from .common import (
@@ -77,7 +76,6 @@ DEFAULT_ROUTER = "vllm-router"
 # nearly everything to one worker here: see the notes).
 DEFAULT_POLICY = "round_robin"
 STARTUP_TIMEOUT = 60.0  # the router itself starts in well under a second
-WORKERS_TIMEOUT = 60.0  # after it answers, until it routes to every worker
 
 
 def router_kind(router: str) -> RouterKind:
@@ -169,6 +167,14 @@ class ClusterPlan:
     @property
     def worker_urls(self) -> list[str]:
         return [w.url for w in self.workers]
+
+    def launch_plan(self, slot_dir: str | None = None) -> LaunchPlan:
+        """The router's launch with the workers as its replicas (what tui.core.server.Cluster starts)."""
+        plan = self.front.plan(replicas=[w.plan() for w in self.workers], router_metrics=self.metrics_url,
+                               slot_dir=slot_dir)
+        plan.engine = self.workers[0].engine
+        plan.facts = {**self.facts, **({"slot_dir": slot_dir} if slot_dir else {})}
+        return plan
 
 
 def router_argv(router: str, *, port: int, metrics_port: int, worker_urls: Sequence[str], policy: str,
@@ -306,84 +312,20 @@ def _distinct_ports(count: int) -> list[int]:
     return ports
 
 
-# -- running a cluster ------------------------------------------------------------------
-
-
-class Cluster:
-    """Start a plan's workers (concurrently), then its router; stop everything, router first.
-
-    Ready means: every worker answers /health and /v1/models, the router answers both, and the
-    router's own metrics list every worker as healthy (it registers workers in the background,
-    so its /health can answer before it routes anywhere).
-    """
-
-    def __init__(self, plan: ClusterPlan, *, on_line: Callable[[str, str], None] | None = None) -> None:
-        self.plan = plan
-        self.on_line = on_line
-        self.workers = [
-            ServerProcess(w.argv, url=w.url, env=w.env, on_line=self._tagger(f"worker{i}"))
-            for i, w in enumerate(plan.workers)
-        ]
-        self.router = ServerProcess(plan.front.argv, url=plan.front.url, env=plan.front.env,
-                                    on_line=self._tagger(plan.router))
-
-    def _tagger(self, tag: str) -> Callable[[str], None] | None:
-        if self.on_line is None:
-            return None
-        on_line = self.on_line
-        return lambda line: on_line(tag, line)
-
-    @property
-    def url(self) -> str:
-        return self.plan.url
-
-    @property
-    def worker_urls(self) -> list[str]:
-        return self.plan.worker_urls
-
-    async def start(self, progress: Callable[[str], None] | None = None) -> None:
-        try:
-            for server in self.workers:
-                await server.start()
-            timeout = max(w.startup_timeout for w in self.plan.workers)
-            await asyncio.gather(*(s.wait_ready(timeout, progress) for s in self.workers))
-            await self.router.start()
-            await self.router.wait_ready(self.plan.front.startup_timeout, progress)
-            await self._wait_routing(WORKERS_TIMEOUT)
-        except BaseException:
-            await self.stop()
-            raise
-
-    async def _wait_routing(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        healthy: set[str] = set()
-        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
-            while True:
-                if self.router.exited.is_set():
-                    raise LaunchError(f"{self.plan.router} exited with code {self.router.returncode}: "
-                                      f"{self.router.last_line()}")
-                try:
-                    text = (await client.get(self.plan.metrics_url)).text
-                    healthy = {url for url, up in worker_health(text).items() if up}
-                except httpx.HTTPError:
-                    pass
-                if healthy >= set(self.worker_urls):
-                    return
-                if time.monotonic() >= deadline:
-                    missing = ", ".join(sorted(set(self.worker_urls) - healthy))
-                    raise LaunchError(f"{self.plan.router} does not route to {missing} after {timeout:.0f}s")
-                await asyncio.sleep(0.25)
-
-    async def stop(self) -> None:
-        await self.router.stop()
-        await asyncio.gather(*(s.stop() for s in self.workers))
-
-    async def __aenter__(self) -> "Cluster":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
+def cluster_launch_plan(n: int, *, router: str | None = None, policy: str | None = None, engine: str = "llamacpp",
+                        model: str = "gemma3-270m") -> LaunchPlan:
+    """n embedded servers of `engine` behind `router`, as the one plan every launch takes (started by
+    tui.core.server.Cluster). llama.cpp replicas share a slot folder made for this run (the restore
+    phase moves saved state between them); the cluster removes it when it stops."""
+    slot_dir = tempfile.mkdtemp(prefix="hitproof-slots-") if engine == "llamacpp" else None
+    try:
+        cluster = plan_cluster(n, router=router or DEFAULT_ROUTER, policy=policy or DEFAULT_POLICY, engine=engine,
+                               model=model, worker_extra_args=("--slot-save-path", slot_dir) if slot_dir else ())
+    except BaseException:
+        if slot_dir:
+            shutil.rmtree(slot_dir, ignore_errors=True)
+        raise
+    return cluster.launch_plan(slot_dir)
 
 
 def worker_request_counts(router: str, metrics_text: str) -> dict[str, float]:
@@ -394,6 +336,6 @@ def worker_request_counts(router: str, metrics_text: str) -> dict[str, float]:
 
 
 __all__ = [
-    "ROUTERS", "DEFAULT_ROUTER", "DEFAULT_POLICY", "RouterKind", "ClusterPlan", "Cluster", "prepare_router",
-    "plan_cluster", "router_argv", "router_version", "local_tokenizer", "replica_alias", "replica_index", "worker_health", "worker_request_counts", "llamacpp_counters", "scrape_workers", "served_by",
+    "ROUTERS", "DEFAULT_ROUTER", "DEFAULT_POLICY", "RouterKind", "ClusterPlan", "prepare_router",
+    "plan_cluster", "cluster_launch_plan", "router_argv", "router_version", "local_tokenizer", "replica_alias", "replica_index", "worker_health", "worker_request_counts", "llamacpp_counters", "scrape_workers", "served_by",
 ]

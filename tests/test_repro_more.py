@@ -204,3 +204,52 @@ def test_a_server_error_without_an_unanswered_request_says_why(tmp_path, kind):
     done = hitproof("repro", str(log), "--output", str(tmp_path / "x.py"))
     assert done.returncode == 0, done.stderr
     assert "no answer (the run ended before it)" in (tmp_path / "x.py").read_text()
+
+
+# --- the restore phase: slot state saved on one server, restored on another -------------------------
+
+RESTORE_PROFILE = ROOT / "scenarios" / "profiles" / "refserver-replicas.toml"
+RESTORE = str(ROOT / "scenarios" / "restore-quick.toml")
+
+
+async def restore_log(tmp_path: Path, fault: str) -> Path:
+    profile = tmp_path / f"{fault}.toml"
+    profile.write_text(RESTORE_PROFILE.read_text().replace(
+        "--slot-save-path {slot_dir}\"", f"--slot-save-path {{slot_dir}} --fault {fault}\""))
+    log = tmp_path / f"{fault}.jsonl"
+    await run_hitproof("run", "--profile", str(profile), "--scenario", RESTORE, "--headless", "--record", str(log),
+                       timeout=180)
+    return log
+
+
+async def two_servers(script: Path, slot_dir: Path, fault: str, *args: str) -> tuple[int, str]:
+    """The script against two reference servers sharing a slot folder, as two llama-servers would."""
+    # one model name on both (the profile names its replicas apart; two llama-servers share an alias)
+    first = await start_refserver(port=0, seed=0, slot_save_path=str(slot_dir), fault=fault, model_name="refmodel@0")
+    second = await start_refserver(port=0, seed=0, slot_save_path=str(slot_dir), fault=fault, model_name="refmodel@0")
+    try:
+        return await run_script(script, first.url, "--to", second.url, *args)
+    finally:
+        await first.close()
+        await second.close()
+
+
+@pytest.mark.parametrize("fault,kind", [("slot_noop", "restore_no_reuse"), ("slot_trust", "bad_restore")])
+async def test_a_restore_finding_reproduces_across_two_servers_and_passes_without_it(tmp_path, fault, kind):
+    log = await restore_log(tmp_path, fault)
+    script = tmp_path / f"{kind}.py"
+    done = hitproof("repro", str(log), "--kind", kind, "--output", str(script))
+    assert done.returncode == 0, done.stderr
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    extra = ("--slot-dir", str(slots)) if kind == "bad_restore" else ()
+    code, out = await two_servers(script, slots, fault, *extra)
+    assert code == 1, out
+    assert "FAULT SHOWS" in out and ("reused nothing" in out if kind == "restore_no_reuse" else "is wrong" in out)
+    code, out = await two_servers(script, slots, "none", *extra)
+    assert code == 0, out
+    assert ("fault no longer shows: the continuation reused" in out if kind == "restore_no_reuse"
+            else "file was refused" in out), out
+    done = subprocess.run([SYSTEM_PYTHON, "-I", str(script), "http://127.0.0.1:9"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "--to" in done.stderr and done.stderr.count("\n") == 1

@@ -72,6 +72,8 @@ def prompt_of(log: LoadedLog, start: RequestStarted) -> str | None:
     if memo is None or not memo.text:
         return None
     extra = n - len(memo.text)
+    if extra < 0:                 # the memo cut short (the restore phase's prefill ends where tokens align)
+        return memo.text[:n] if memo.text[:n].endswith(tail) else None
     overlap = len(tail) - extra
     if extra < 0 or overlap < 1 or not memo.text.endswith(tail[:overlap]):
         return None

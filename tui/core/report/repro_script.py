@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from ..checks import detectors
+from .repro_other import flow_source
 
 # The detectors the script needs, in order (a regex constant is written from its pattern).
 _COPIED = ("_GROUP", "_SEPARATORS", "Recall", "check_recall", "ForeignCode", "find_foreign_codes", "is_empty",
@@ -40,7 +41,7 @@ def script_text(plan: dict[str, Any]) -> str:
            f'request {f["request"]}\n(run {run["run_id"]}, {run["dialect"]} {run["version"]} at {run["url"]}, '
            f'model {run["model"]}).\n')
     return "#!/usr/bin/env python3\n" + doc + _TEMPLATE.replace("@PLAN@", _plan_literal(plan)).replace(
-        "@DETECTORS@", detector_source())
+        "@DETECTORS@", detector_source()).replace("@FLOWS@", flow_source(plan["claim"]))
 
 
 _TEMPLATE = r'''
@@ -85,6 +86,9 @@ PLAN = json.loads(@PLAN@)
 # --- the detectors hitproof judged with (tui/core/checks/detectors.py, copied) ---------------
 
 @DETECTORS@
+
+
+@FLOWS@
 
 
 # --- the wire ----------------------------------------------------------------------------------
@@ -225,6 +229,7 @@ def main():
     parser.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--repeats", type=int, default=PLAN["steps"][-1]["repeats"], help="hits to send")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    add_arguments(parser)
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -245,77 +250,9 @@ def main():
         return 130
 
 
-def health(url, timeout):
-    """Whether the server answers GET /v1/models (a listing of its models) at all."""
-    try:
-        with urllib.request.urlopen(url + "/v1/models", timeout=min(timeout, 30)) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-def run_failed(url, args):
-    """server_error: the request the server failed on, sent as the soak sent it."""
-    if not health(url, args.timeout):
-        raise Problem(f"{url}/v1/models: the server does not answer before anything is sent")
-    step = PLAN["steps"][0]
-    seen = step["log"]
-    print(f"log: request {seen['request']} got no answer: {seen['error']}")
-    for line in PLAN.get("last_lines") or []:
-        print(f"log: the server's last output: {line.strip()[:200]}")
-    failed = 0
-    for i in range(args.repeats):
-        try:
-            answer = send(url, dict(step["body"]), args.timeout)
-        except Problem as exc:
-            if exc.status is not None and exc.status < 500:      # refused, not failed: a wrong URL or model
-                raise Problem(f"{exc} (the server refused the request: not the failure the log saw)") from None
-            alive = health(url, args.timeout)
-            print(f"failed now: {exc}; the server {'still answers' if alive else 'no longer answers'} /v1/models")
-            failed += 1
-            if not alive:
-                break
-            continue
-        print(f"failed now: answered ({show(answer)})")
-    if failed:
-        print(f"FAULT SHOWS: the server failed on {failed} of the requests sent")
-        return 1
-    print(f"fault no longer shows: the server answered the request {args.repeats} time(s)")
-    return 0
-
-
-def run_reuse(url, args):
-    """reuse_short: the prompt written under a fresh salt, repeated, against the grid's promise."""
-    writer, hit = PLAN["steps"]
-    promised, short, known = PLAN["promised"], 0, 0
-    print(f"log: request {hit['log']['request']} of {PLAN['prompt_tokens']} tokens reused "
-          f"{hit['log']['cached_tokens']} where the grid promises {promised}; a second repeat reused "
-          f"{PLAN.get('second_cached')}")
-    for i in range(args.repeats):
-        body = dict(writer["body"], cache_salt=f"hitproof-repro-{uuid.uuid4().hex[:12]}")
-        first = send(url, body, args.timeout)
-        repeat = send(url, body, args.timeout)
-        second = send(url, body, args.timeout)
-        print(f"round {i + 1}: writer {show(first)}; repeat cached {repeat['cached']}; a second repeat cached "
-              f"{second['cached']} (promised {promised})")
-        if repeat["cached"] is not None:
-            known += 1
-            short += repeat["cached"] < promised
-    if not known:
-        print("NOTHING TO JUDGE: the server does not report cached tokens")
-        return 4
-    if short:
-        print(f"FAULT SHOWS on {short} of {known} first repeats: fewer tokens reused than the {promised} promised")
-        return 1
-    print(f"fault no longer shows: {known} of {known} first repeats reused at least the {promised} promised")
-    return 0
-
-
 def run(url, args, claim):
-    if claim == "server_error":
-        return run_failed(url, args)
-    if claim == "reuse":
-        return run_reuse(url, args)
+    if claim in FLOWS:                          # a finding with a flow of its own (report/repro_other.py)
+        return FLOWS[claim](url, args)
     tolerance = PLAN["cold_tolerance"]
     cold = None
     hits, hit_step = [], PLAN["steps"][-1]

@@ -325,3 +325,29 @@ async def test_app_server_log_pane_shows_the_launched_servers_output(tmp_path):
             break
         await asyncio.sleep(0.1)
     assert group_alive(servers[0].pid) == []
+
+
+@pytest.mark.parametrize("profile", ["refserver-none.toml", "refserver-replicas.toml"])
+async def test_what_a_run_launched_is_stopped_when_the_run_raises(profile):
+    """runner.launched: one server, or replicas behind a router (one Cluster), up and serving inside the
+    block and every process gone after it, also when the block raises; the slot folder it made too."""
+    from tui.core.server.cluster import Cluster
+    from tui.core.server.profiles import load_profile
+    from tui.runner import RunHooks, launched
+
+    lines: list[str] = []
+    processes = []
+    with pytest.raises(RuntimeError, match="the soak broke"):
+        async with launched(load_profile(ROOT / "scenarios" / "profiles" / profile), EventBus(),
+                            RunHooks(progress=lines.append)) as up:
+            processes = [*up.server.replicas, up.server.router] if isinstance(up.server, Cluster) else [up.server]
+            assert all(p.pid and group_alive(p.pid) for p in processes)
+            assert up.target.url == up.plan.url and len(up.target.replicas) == len(up.plan.replicas)
+            raise RuntimeError("the soak broke")
+    assert any("ready" in line for line in lines)
+    for _ in range(50):
+        if not any(group_alive(p.pid) for p in processes):
+            break
+        await asyncio.sleep(0.1)
+    assert [p.pid for p in processes if group_alive(p.pid)] == []
+    assert up.plan.slot_dir is None or not os.path.exists(up.plan.slot_dir)

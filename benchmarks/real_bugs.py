@@ -31,6 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from repro_check import check  # noqa: E402  (benchmarks/ is not a package)
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
 PROFILES = SCENARIOS / "profiles"
@@ -475,6 +478,10 @@ def run_case(case: Case, runner: Runner) -> dict[str, Any]:
         result["result"] = "caught"
     if bug.shown:
         result["repro"] = write_repro(case, bug, report, runner.out)
+        if result["repro"].get("written") and runner.left_s() > 300:
+            # the script as a maintainer runs it: a server started by hand from the log's launch line
+            result["repro"]["check"] = check(Path(result["repro"]["path"]), bug.log,
+                                             control.log if control is not None else None)
     result["seconds"] = round(time.monotonic() - t0, 1)
     return result
 
@@ -488,6 +495,8 @@ def line(r: dict) -> str:
         return f"{name} {o['seconds']:.0f} s exit {o['exit']}{' TIMEOUT' if o['timed_out'] else ''} ({kinds})"
     repro = r.get("repro") or {}
     extra = f" | repro {repro['path']}" if repro.get("written") else (f" | no repro: {repro['why']}" if repro else "")
+    for side, seen in (repro.get("check") or {}).items():
+        extra += f" | script vs {side} server: exit {seen['exit']} ({seen['line'][:120]})"
     why = f" | {r['why']}" if r.get("why") else ""
     return (f"[{r['result']}] {r['name']} ({r['engine']}, {r['kind']}): {r.get('seconds', 0):.0f} s | "
             f"{part('bug')} | {part('control')}{extra}{why}")

@@ -150,6 +150,9 @@ class DroppingServer:
     """Answers GET /v1/models and drops every POST without an answer: a server that dies on a request,
     as far as its client can tell (the reference server never fails)."""
 
+    def __init__(self, stream_error: bool = False):
+        self.stream_error = stream_error      # answer 200 and an error inside the stream (vLLM's engine dying)
+
     async def __aenter__(self):
         self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
@@ -161,6 +164,10 @@ class DroppingServer:
             body = b'{"object":"list","data":[{"id":"m"}]}'
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
                          + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+            await writer.drain()
+        elif self.stream_error:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+                         b'data: {"error": {"message": "EngineCore encountered an issue.", "code": 500}}\n\n')
             await writer.drain()
         writer.close()
 
@@ -180,6 +187,9 @@ async def test_a_server_that_fails_on_a_request_reproduces_and_passes_without_it
     assert code == 1, out
     assert "FAULT SHOWS: the server failed on 1 of the requests sent" in out
     assert "request 2 got no answer: server disconnected" in out and "index 6 is out of bounds" in out
+    async with DroppingServer(stream_error=True) as dying:
+        code, out = await run_script(script, dying.url)
+    assert code == 1 and "error in the stream: EngineCore encountered an issue" in out, out
     code, out = await against_refserver(script)
     assert code == 0, out
     assert "fault no longer shows: the server answered the request 1 time(s)" in out

@@ -165,6 +165,10 @@ def send(url, body, timeout):
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
+                if isinstance(chunk.get("error"), dict):       # an error inside the stream (vLLM's engine)
+                    error = chunk["error"]
+                    code = error.get("code") if isinstance(error.get("code"), int) else 500
+                    raise Problem(f"{url}{path}: error in the stream: {str(error.get('message'))[:200]}", code)
                 usage = chunk.get("usage") or usage
                 timings = chunk.get("timings") or timings
                 for choice in chunk.get("choices") or []:

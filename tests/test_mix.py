@@ -4,7 +4,7 @@ against a clean reference, reproducible from its seed."""
 import json
 
 from support.cli import ROOT, kinds, report_json, run_hitproof, scenario
-from tui.core.config.scenario import Mix
+from tui.core.soak.phases.mix import Settings as Mix
 from tui.core.soak.phases.mix import draws as mix_draws
 from tui.refserver import start_refserver
 

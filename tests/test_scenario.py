@@ -5,7 +5,10 @@ from pathlib import Path
 import pytest
 
 from tui.core.config.errors import BadInput
-from tui.core.config.scenario import PHASE_NAMES, load_scenario, parse_scenario
+from tui.core.config.phase_registry import default_phases
+from tui.core.config.scenario import load_scenario, parse_scenario
+
+PHASE_NAMES = default_phases()
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from rich.text import Text
 from .core.log.events import (Event, Finding, IsolationFinished, IsolationStarted, PhaseFinished, PhaseStarted,
                               RequestFinished, RequestStarted, RunFinished, ServerInfo)
 from .core.report import fmt
-from .core.report import facts
+from .core.report import facts, phase_facts
 from .core.report.latency import table_lines
 from .core.report.power import power_line
 from .core.report.replicas import replica_lines
@@ -193,27 +193,7 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
     for name, phase in report.phases.items():
         for reason in phase.get("reasons") or []:
             lines.append(Text(f"  {name}: {reason}", style="yellow"))
-        if name == "long_prompt" and phase.get("ttft_cut_pct") is not None:
-            lines.append(Text(f"  long prompt ({phase.get('prompt_tokens')} tokens): TTFT "
-                              f"{phase.get('ttft_cold_s')} s cold -> {phase.get('ttft_hit_s')} s hit "
-                              f"({phase['ttft_cut_pct']}% cut)"))
-        if name == "determinism" and phase.get("determinism"):
-            lines.append(Text(f"  {facts.determinism_line(report)}"))
-        if name == "partition":
-            rows, notes = facts.partition_rows(report)
-            if rows:
-                lines.append(Text("\n".join(["  partition: identity pairs tried"]
-                                             + facts.text_table(facts.PARTITION_HEADER, rows, "  "))))
-            lines += [Text(f"  {note}") for note in notes]
-        if name == "eviction":
-            sentences, passes = facts.eviction_rows(report)
-            lines += [Text(f"  {s}") for s in sentences]
-            if passes:
-                lines.append(Text("\n".join(facts.text_table(facts.EVICTION_HEADER, passes, "  "))))
-        if name == "restore":
-            lines += [Text(f"  {line}") for line in facts.restore_lines(report)]
-        if name == "mix":
-            lines += [Text(f"  {line}") for line in facts.mix_lines(report)]
+        lines += [Text(f"  {line}") for line in phase_facts.console_lines(report, name)]
     replicas = replica_lines(report.replicas)
     if replicas:
         lines.append(Text("\n".join(replicas)))

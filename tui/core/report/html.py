@@ -180,7 +180,7 @@ def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
                    f'<td>{_e("; ".join(phase.get("reasons") or []) or "")}</td></tr>')
     out.append("</table>")
     out.extend(_replica_rows(report))
-    out += _identities_and_eviction(report)
+    out += _phase_sections(report)
 
     # TTFT
     out.append('<h2 id="ttft">Time to first token, cold vs hit</h2>')
@@ -326,22 +326,20 @@ def _agent_turns_table(report: RunReport) -> str:
     return "".join(out)
 
 
-def _identities_and_eviction(report: RunReport) -> list[str]:
-    """The partition phase's identity pairs and the eviction phase's passes, as tables."""
-    from . import facts
+def _phase_sections(report: RunReport) -> list[str]:
+    """Each phase's own section (partition's identity pairs, eviction's passes), in the order they ran."""
+    from . import phase_facts
 
     def table(header, rows) -> str:
         return ("<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>"
                 + "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
     out = []
-    rows, notes = facts.partition_rows(report)
-    if rows or notes:
-        out.append('<h3 id="partition">Identity pairs (partition)</h3>' + (table(facts.PARTITION_HEADER, rows) if rows else "")
-                   + "".join(f'<p class="small">{_e(n)}</p>' for n in notes))
-    sentences, passes = facts.eviction_rows(report)
-    if sentences:
-        out.append('<h3 id="eviction">Eviction</h3>' + "".join(f'<p class="small">{_e(x.strip())}</p>' for x in sentences)
-                   + table(facts.EVICTION_HEADER, passes))
+    for section in phase_facts.sections(report):
+        paragraphs = section.paragraphs if section.html_paragraphs is None else section.html_paragraphs
+        out.append(f'<h3 id="{_e(section.anchor)}">{_e(section.title)}</h3>'
+                   + "".join(f'<p class="small">{_e(x)}</p>' for x in paragraphs)
+                   + (table(section.header, section.rows) if section.rows else "")
+                   + "".join(f'<p class="small">{_e(n)}</p>' for n in section.notes))
     return out
 
 

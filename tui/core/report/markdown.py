@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .replicas import rate_cell
-from . import facts, fmt
+from . import facts, fmt, phase_facts
 from .facts import SEVERITY_ORDER
 from .incident import incident_rows
 from .latency import ARMS, STAT_KEYS
@@ -34,7 +34,7 @@ def to_markdown(report: RunReport) -> str:
              f"{report.last_t:.1f} s.", ""]
     if report.warning:
         lines += [f"> **Warning:** {report.warning}", ""]
-    for section in (_server_and_run, incident_markdown, _phases, _replicas, _identities_and_eviction, _timing,
+    for section in (_server_and_run, incident_markdown, _phases, _replicas, _phase_sections, _timing,
                     ttft_markdown, _agent_turns, _findings, _isolations, _power):
         lines += section(report)
     return "\n".join(lines)
@@ -83,22 +83,20 @@ def _phases(report: RunReport) -> list[str]:
     return lines + (reasons + [""] if reasons else [])
 
 
-def _identities_and_eviction(report: RunReport) -> list[str]:
-    rows, notes = facts.partition_rows(report)
-    sentences, passes = facts.eviction_rows(report)
+def _phase_sections(report: RunReport) -> list[str]:
+    """Each phase's own section (partition's identity pairs, eviction's passes), in the order they ran."""
     lines = []
-    if rows or notes:
-        lines += ["### Identity pairs (partition)", ""]
-        lines += (_table(list(facts.PARTITION_HEADER), rows) + [""]) if rows else []
-        lines += [f"- {n}" for n in notes] + ([""] if notes else [])
-    if sentences:
-        lines += ["### Eviction", "", " ".join(x.strip() for x in sentences[:2]) + ".", "", sentences[2] + ".", ""]
-        lines += _table(list(facts.EVICTION_HEADER), passes) + [""]
+    for section in phase_facts.sections(report):
+        lines += [f"### {section.title}", ""]
+        for paragraph in section.paragraphs:
+            lines += [paragraph, ""]
+        lines += (_table(list(section.header), section.rows) + [""]) if section.rows else []
+        lines += [f"- {n}" for n in section.notes] + ([""] if section.notes else [])
     return lines
 
 
 def _timing(report: RunReport) -> list[str]:
-    timing = facts.ttft_lines(report) + [x for x in [facts.determinism_line(report)] if x] + facts.restore_lines(report) + facts.mix_lines(report)
+    timing = facts.ttft_lines(report) + phase_facts.timing_lines(report)
     return ["### Timing and determinism", ""] + [f"- {t}" for t in timing] + [""] if timing else []
 
 

@@ -49,7 +49,7 @@ def report_short(rq, state, record: Record, *, what: str, prompt_tokens: int | N
     if second is not None:
         got = "unknown" if second.cached is None else second.cached
         then = f"; a second repeat (request {second.request}) reused {got}"
-    state.extra["reuse_short"] = state.extra.get("reuse_short", 0) + 1
+    state.reuse.reuse_short = (state.reuse.reuse_short or 0) + 1
     rq.finding(state, "reuse_short", "warn", record,
                detail=f"{what} of {prompt_tokens} tokens reused {record.cached}, where the server's "
                       f"{rq.server.grid}-token grid promises {promised}{then}: the engine lost reuse (a "

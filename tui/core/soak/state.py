@@ -10,6 +10,7 @@ from ..report import fmt
 from ..report.latency import Series
 from .proof import quantum
 from .record import Record
+from .results import HitClaims, PhaseResult, Reuse
 
 
 @dataclass
@@ -45,7 +46,11 @@ class PhaseState:
     no_report_fix: str = ""           # the server option that makes it report cached tokens
     metrics_before: MetricSnapshot | None = None
     metrics_after: MetricSnapshot | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    # what the phase found beyond these totals: its own typed result (a dataclass of its module), and the
+    # two results phases share (a hit's claims, reuse lost); each adds its keys to the summary
+    result: PhaseResult | None = None
+    claims: HitClaims = field(default_factory=HitClaims)
+    reuse: Reuse = field(default_factory=Reuse)
     finished: bool = False
 
     def note(self, record: Record, arm: str) -> None:
@@ -140,7 +145,9 @@ class PhaseState:
         }
         if self.routing_misses:
             summary["routing_misses"] = self.routing_misses
-        summary.update(self.extra)
+        for result in (self.claims, self.reuse, self.result):
+            if result is not None:
+                summary.update(result.summary())
         return summary
 
     def hits_agree(self) -> bool | None:

@@ -1,4 +1,9 @@
-"""One module per phase. Each has TITLE, plan(scenario) -> dict, and async run(requester, state)."""
+"""The registry: one module per phase, in the default scenario's order; a new phase is one module and
+one line here. A phase module declares all of its phase (tui/core/README.md, "where to add"): TITLE,
+Settings (its `[phases.NAME]` keys and defaults), MINIMUMS, check (relations between its keys), OPTIONAL
+(not in the default list), plan(scenario) -> dict, async run(requester, state), Result (its typed part
+of the summary, results.PhaseResult) and its report hooks (report/phase_facts.py). The scenario schema
+and the reports find them through config/phase_registry.py."""
 
 from . import (agent_replay, cold_hit, control, conversation, determinism, eviction, long_prompt, mix, partition,
                restore, rotation, shared_concurrency)

@@ -8,6 +8,8 @@ recorded per turn and a collapse to 1.00 on reuse (and not in the control arm) i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pathlib import Path
 
 from ...evidence.agent import AgentTurn, Conversation, generate, load_capture
@@ -15,9 +17,35 @@ from ...evidence.memos import Memo
 from ...server.metrics import acceptance_length
 from ...checks.answers import hit_path_problems
 from ...evidence.tokens import estimate_tokens
+from ..results import UNSET, PhaseResult
 from .conversation import judge_rise
 
 TITLE = "agent replay"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """[phases.agent_replay]"""
+    source: str = ""                 # a JSONL capture of chat requests; empty: the built-in generator
+    turns: int = 6                   # generator: requests in the conversation
+    tools: int = 8                   # generator: tool schemas in the first block
+    growth_tokens: int = 200         # generator: tool-result text added per turn (at least a block)
+    integrity_every: int = 2         # generator: ask for the planted code every k turns (and last)
+    max_tokens: int = 24
+    control_arm: bool = True         # replay again with a fresh cache_salt per request
+    acceptance_collapse: float = 1.05   # a drafter's acceptance length at or below this has collapsed
+
+
+MINIMUMS = {"turns": 1, "tools": 1, "growth_tokens": 8, "integrity_every": 1, "max_tokens": 1,
+            "acceptance_collapse": 1.0}
+
+
+
+@dataclass
+class Result(PhaseResult):
+    source: str = UNSET                       # the capture replayed, or the generator
+    turns: list[dict] = UNSET                 # one per turn: tokens, TTFT, problems, acceptance (and control's)
+    cached_by_turn: list[int | None] = UNSET
 
 
 def plan(scenario) -> dict:
@@ -77,9 +105,9 @@ async def run(rq, state) -> None:
     main = await replay(rq, state, convo, memo, control=False)
     control = await replay(rq, state, convo, memo, control=True) if a.control_arm else []
     judge(rq, state, main, control, a.acceptance_collapse)
-    state.extra["source"] = convo.source
-    state.extra["turns"] = [summary(m, c) for m, c in zip(main, control or [None] * len(main))]
-    state.extra["cached_by_turn"] = [m["record"].cached for m in main]
+    state.result = Result(source=convo.source,
+                          turns=[summary(m, c) for m, c in zip(main, control or [None] * len(main))],
+                          cached_by_turn=[m["record"].cached for m in main])
 
 
 def judge(rq, state, main: list[dict], control: list[dict], collapse: float) -> None:

@@ -11,10 +11,21 @@ ignored is slow on every hit, so the retimed hits still show it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..reuse import repeat_for_reuse
 
 TITLE = "cold → hit"
 RETIMES = 2                   # identical hits timed again before a slow hit is a warning
+
+
+@dataclass(frozen=True)
+class Settings:
+    """[phases.cold_hit]"""
+    suffix_tokens: int = 300         # extra text appended for the "hit with a longer suffix" request
+
+
+MINIMUMS = {"suffix_tokens": 1}
 
 
 def plan(scenario) -> dict:
@@ -42,7 +53,7 @@ async def judge_hit_claims(rq, state, cold, hit) -> None:
     if not hit.hit:
         return
     aligned = hit.checks.get("block_aligned")
-    state.extra["block_aligned"] = aligned
+    state.claims.block_aligned = aligned
     if aligned is False:
         rq.finding(state, "hit_not_block_aligned", "warn", hit,
                    detail=f"the hit reused {hit.cached} tokens, not a whole number of the server's "
@@ -51,7 +62,7 @@ async def judge_hit_claims(rq, state, cold, hit) -> None:
         return
     cold_s = cold.completion.ttft_s
     cut = round(100 * (1 - hit.completion.ttft_s / cold_s), 1)
-    state.extra["ttft_cut_pct"] = cut
+    state.claims.ttft_cut_pct = cut
     if hit.completion.ttft_s < cold_s:
         return
     timed = [hit]

@@ -7,10 +7,21 @@ evidence elsewhere proves nothing and the run is inconclusive.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from ..record import concurrently
 
 TITLE = "control"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """[phases.control]"""
+    requests: int = 4
+    concurrency: int = 2
+
+
+MINIMUMS = {"requests": 1, "concurrency": 1}
 
 
 def plan(scenario) -> dict:

@@ -5,11 +5,30 @@ Each turn adds at least one alignment block of text, so cached tokens must rise 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...evidence.text import RECALL_ANSWER_LEAD, RECALL_QUESTION
 from ..proof import rises
 from ..reuse import grid_promises, promised_extension, report_short, short_of
+from ..results import UNSET, PhaseResult
 
 TITLE = "conversation"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """[phases.conversation]"""
+    turns: int = 6                   # turns before the recall turn
+    turn_tokens: int = 160           # user text added per turn (at least one block is used)
+
+
+MINIMUMS = {"turns": 1, "turn_tokens": 8}
+
+
+
+@dataclass
+class Result(PhaseResult):
+    cached_by_turn: list[int | None] = UNSET      # cached tokens of each turn, the recall turn last
 
 
 def plan(scenario) -> dict:
@@ -35,7 +54,7 @@ def judge_rise(rq, state, previous, record, turn: int) -> None:
         # phase is proven only if a later turn rises past it (judged there)
         report_short(rq, state, record, what=f"turn {turn}", prompt_tokens=previous.completion.prompt_tokens,
                      promised=promised)
-        state.extra.setdefault("turns_short", []).append(turn)
+        state.reuse.turns_short = [*(state.reuse.turns_short or []), turn]
         return
     state.mark_inconclusive(f"cached tokens did not rise at turn {turn} ({said})")
     rq.finding(state, "no_hits", "warn", record, detail=f"turn {turn}: cached tokens did not rise ({said})")
@@ -96,8 +115,8 @@ async def run(rq, state) -> None:
         if record.replica is not None:
             last_on[record.replica] = record
         cached_by_turn.append(record.cached)
-    state.extra["cached_by_turn"] = cached_by_turn
-    for turn in state.extra.get("turns_short", []):      # turn t is cached_by_turn[t - 1]
+    state.result = Result(cached_by_turn=cached_by_turn)
+    for turn in state.reuse.turns_short or []:      # turn t is cached_by_turn[t - 1]
         stuck = cached_by_turn[turn - 1]
         if not any(c is not None and c > stuck for c in cached_by_turn[turn:]):
             state.mark_inconclusive(f"cached tokens did not rise after turn {turn} ({stuck}): the engine kept "

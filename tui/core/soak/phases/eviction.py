@@ -18,15 +18,42 @@ memo, and each pass has its KV usage, preemptions and findings, time-aligned.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 import math
 import time
 
 from ...log.metric_names import KV_USAGE, PREEMPTIONS
 from ..record import concurrently
+from ..results import UNSET, PhaseResult
+from ...report import fmt
+from ...report.facts import text_table
+from ...report.phase_facts import Section
 
 TITLE = "eviction"
 MAX_GROWTH = 4                # doublings of a pool that fits in the cache
 SAMPLE_S = 0.5                # KV usage read this often while requests run
+
+
+@dataclass(frozen=True)
+class Settings:
+    """[phases.eviction]: a memo pool larger than the cache, cycled so every memo is evicted and re-admitted."""
+    memo_tokens: int = 1200
+    capacity_tokens: int = 0         # 0: from the server (vLLM num_gpu_blocks x block_size; llama.cpp slots)
+    pool_factor: float = 1.5         # the pool holds this many times the capacity
+    min_memos: int = 3
+    max_memos: int = 64              # a bound on the pool, whatever the capacity says
+    cycles: int = 3                  # passes that re-admit every memo (after the first admission)
+    concurrency: int = 2             # memos sent at once in the concurrent passes (every second pass)
+
+
+MINIMUMS = {"memo_tokens": 64, "capacity_tokens": 0, "pool_factor": 1.0, "min_memos": 2, "max_memos": 2, "cycles": 1,
+            "concurrency": 1}
+
+
+def check(s: Settings) -> tuple[str, str, str] | None:
+    if s.max_memos < s.min_memos:
+        return "phases.eviction", "max_memos", f"must be at least min_memos ({s.min_memos})"
+    return None
 
 
 def capacity(rq) -> tuple[int | None, str]:
@@ -53,6 +80,27 @@ def pool_size(ev, tokens: int | None) -> int:
     if not tokens:
         return ev.min_memos
     return max(ev.min_memos, min(ev.max_memos, math.ceil(ev.pool_factor * tokens / ev.memo_tokens)))
+
+
+
+@dataclass
+class Result(PhaseResult):
+    capacity_tokens: int | None = UNSET   # the cache's size, None when nobody states it
+    capacity_source: str = UNSET          # where that size came from, in words
+    passes: list[dict] = UNSET            # one row per pass (see run_pass)
+    pool_memos: int = UNSET
+    pool_tokens: int = UNSET
+    evictions: int = UNSET
+    evictions_partial: int = UNSET
+    evictions_per_memo: dict[str, int] = UNSET
+    every_memo_evicted: bool = UNSET
+    min_evictions_per_memo: int = UNSET
+    readmit_missed: int = UNSET
+    not_evicted: list[str] = UNSET
+
+    def update(self, **values) -> None:
+        for key, value in values.items():
+            setattr(self, key, value)
 
 
 def plan(scenario) -> dict:
@@ -97,7 +145,7 @@ async def run(rq, state) -> None:
     tokens, source = capacity(rq)
     pool = Pool()
     passes: list[dict] = []
-    state.extra.update(capacity_tokens=tokens, capacity_source=source, passes=passes)
+    result = state.result = Result(capacity_tokens=tokens, capacity_source=source, passes=passes)
 
     async def grow(to: int, pass_no: int) -> None:
         new = [await rq.memo(state, tokens=ev.memo_tokens, slot=len(pool.memos) + i, tag=f"ev{len(pool.memos) + i}")
@@ -194,19 +242,65 @@ def _delta(a, b, name: str) -> float | None:
 
 
 def _conclude(rq, state, pool: Pool, tokens: int | None, source: str) -> None:
+    result = state.result
     counts = {m.memo_id: pool.evictions.get(m.memo_id, 0) for m in pool.memos}
     every = bool(counts) and all(counts.values())
-    state.extra.update(pool_memos=len(pool.memos), pool_tokens=sum(m.tokens for m in pool.memos),
-                       evictions=sum(counts.values()), evictions_partial=sum(pool.partial.values()),
-                       evictions_per_memo=counts, every_memo_evicted=every,
-                       min_evictions_per_memo=min(counts.values()) if counts else 0,
-                       readmit_missed=pool.readmit_missed)
+    result.update(pool_memos=len(pool.memos), pool_tokens=sum(m.tokens for m in pool.memos),
+                  evictions=sum(counts.values()), evictions_partial=sum(pool.partial.values()),
+                  evictions_per_memo=counts, every_memo_evicted=every,
+                  min_evictions_per_memo=min(counts.values()) if counts else 0, readmit_missed=pool.readmit_missed)
     if not any(counts.values()):
-        why = (f"no memo was evicted: a pool of {len(pool.memos)} memos ({state.extra['pool_tokens']} tokens) fits "
+        why = (f"no memo was evicted: a pool of {len(pool.memos)} memos ({result.pool_tokens} tokens) fits "
                f"in the cache (capacity {tokens if tokens else 'unknown'}: {source}); raise max_memos or state "
                f"capacity_tokens, or use a small-cache server")
         state.mark_inconclusive(why)
         rq.finding(state, "no_evictions", "warn", state.last, detail=why, pool_memos=len(pool.memos),
                    capacity_tokens=tokens)
     elif not every:
-        state.extra["not_evicted"] = [m for m, n in counts.items() if not n]
+        result.not_evicted = [m for m, n in counts.items() if not n]
+
+
+# --- what the phase adds to the reports ---------------------------------------------------------------
+
+HEADER = ("pass", "mode", "t (s)", "evicted", "partial", "re-hits", "KV max", "preempt", "f/w/i")
+
+
+def report_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
+    """(sentences: the pool against the capacity and the evictions observed, one row per pass)."""
+    r = Result.read(summary)
+    if "pool_memos" not in summary:
+        return [], []
+    capacity = r.capacity_tokens
+    lines = [f"eviction: {r.pool_memos} memos, {fmt.cell(r.pool_tokens)} tokens, against a capacity "
+             f"of {'unknown' if capacity is None else capacity} tokens",
+             f"  ({r.capacity_source})",
+             f"eviction: {r.evictions or 0} evictions observed ({r.evictions_partial or 0} partial), "
+             f"at least {r.min_evictions_per_memo or 0} per memo"]
+    rows = []
+    for p in r.passes or []:
+        f = p.get("findings") or {}
+        kv, pre = p.get("kv_usage_max"), p.get("preemptions")
+        rows.append([str(p["pass"]), p["mode"], _span(p["t_start_s"], p["t_end_s"]), str(p["evicted"]),
+                     str(p["partial"]), str(p["rehits"]), fmt.pct(kv, 1) if kv is not None else fmt.MISSING,
+                     fmt.MISSING if pre is None else str(int(pre)),
+                     f"{f.get('fail', 0)}/{f.get('warn', 0)}/{f.get('info', 0)}"])
+    return lines, rows
+
+
+def _span(start: float, end: float) -> str:
+    digits = 0 if end >= 100 else 1
+    return f"{start:.{digits}f}-{end:.{digits}f}"
+
+
+def console_lines(summary: dict) -> list[str]:
+    sentences, passes = report_rows(summary)
+    return sentences + (text_table(HEADER, passes, "") if passes else [])
+
+
+def section(summary: dict) -> Section | None:
+    sentences, passes = report_rows(summary)
+    if not sentences:
+        return None
+    return Section("Eviction", "eviction", HEADER, passes,
+                   paragraphs=[" ".join(x.strip() for x in sentences[:2]) + ".", sentences[2] + "."],
+                   html_paragraphs=[x.strip() for x in sentences])

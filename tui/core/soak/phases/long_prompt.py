@@ -6,10 +6,31 @@ with both times (the same judgement as cold_hit's).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..reuse import repeat_for_reuse
+from ..results import UNSET, PhaseResult
 from .cold_hit import judge_hit_claims
+from ..results import HitClaims
 
 TITLE = "long prompt"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """[phases.long_prompt]"""
+    memo_tokens: int = 11000
+
+
+MINIMUMS = {"memo_tokens": 64}
+
+
+
+@dataclass
+class Result(PhaseResult):
+    ttft_cold_s: float = UNSET
+    ttft_hit_s: float = UNSET
+    prompt_tokens: int | None = UNSET     # the long prompt's own (the phase's sum otherwise)
 
 
 def plan(scenario) -> dict:
@@ -17,6 +38,7 @@ def plan(scenario) -> dict:
 
 
 async def run(rq, state) -> None:
+    result = state.result = Result()
     memo = await rq.memo(state, tokens=rq.scenario.long_prompt.memo_tokens, tag="long")
     rq.long_memo = memo
     spec = rq.question(memo.text, "recall")
@@ -28,7 +50,22 @@ async def run(rq, state) -> None:
         state.mark_inconclusive(f"the long prompt's repeat {why}")
         rq.finding(state, "no_hits", "warn", hit, detail=f"the long prompt's repeat {why}")
     if cold.completion.ttft_s and hit.completion.ttft_s:
-        state.extra["ttft_cold_s"] = round(cold.completion.ttft_s, 3)
-        state.extra["ttft_hit_s"] = round(hit.completion.ttft_s, 3)
+        result.ttft_cold_s = round(cold.completion.ttft_s, 3)
+        result.ttft_hit_s = round(hit.completion.ttft_s, 3)
     await judge_hit_claims(rq, state, cold, hit)
-    state.extra["prompt_tokens"] = cold.completion.prompt_tokens
+    result.prompt_tokens = cold.completion.prompt_tokens
+
+
+# --- what the phase adds to the reports ---------------------------------------------------------------
+
+def console_lines(summary: dict) -> list[str]:
+    cut = HitClaims.read(summary).ttft_cut_pct
+    if cut is None:
+        return []
+    r = Result.read(summary)
+    return [f"long prompt ({r.prompt_tokens} tokens): TTFT {r.ttft_cold_s} s cold -> {r.ttft_hit_s} s hit ({cut}% cut)"]
+
+
+def ttft_label(summary: dict) -> str:
+    tokens = Result.read(summary).prompt_tokens
+    return f" ({tokens} prompt tokens)" if tokens else ""

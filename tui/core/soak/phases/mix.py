@@ -25,10 +25,36 @@ from ...checks.answers import ALL_JUDGES, hit_path_problems
 from ...checks.fingerprints import Fingerprint
 from ...log.events import FingerprintCompared
 from ..record import concurrently, prompt_key
+from ..results import UNSET, PhaseResult
 
 TITLE = "mix"
 BUCKETS = ("first", "short_partial", "long_partial", "full")
 KEEP_SEQUENCE = 6             # earlier same-memo requests a finding lists
+
+
+@dataclass(frozen=True)
+class Settings:
+    """[phases.mix]: the phase that searches instead of replaying: seeded random traffic over a pool of memos."""
+    workers: int = 4                 # concurrent requests
+    memos: int = 6                   # the pool, more than a server's slots
+    turns: int = 3                   # turns per memo's conversation (each appends to the one before)
+    memo_tokens: int = 600
+    turn_tokens: int = 140           # appended per turn (at least one alignment block)
+    requests: int = 200              # draws, bounded
+    partial_rate: float = 0.15       # share of draws that share only the memo's first part (a short prefix)
+    reproduce: int = 5               # re-sends each way (hits, cold) before a deviation is the cache's
+
+
+MINIMUMS = {"workers": 1, "memos": 2, "turns": 1, "memo_tokens": 64, "turn_tokens": 8, "requests": 1,
+            "partial_rate": 0.0, "reproduce": 1}
+
+
+def check(s: Settings) -> tuple[str, str, str] | None:
+    if s.partial_rate > 1.0:
+        return "phases.mix", "partial_rate", "must be between 0 and 1"
+    if s.workers > 256:
+        return "phases.mix", "workers", "at most 256 concurrent workers"
+    return None
 
 
 @dataclass(frozen=True)
@@ -37,6 +63,14 @@ class Draw:
     memo: int                 # index in the pool
     kind: str                 # "turn" | "header"
     turn: int                 # for "turn": which turn; for "header": the variant number
+
+
+
+@dataclass
+class Result(PhaseResult):
+    seed: int = UNSET                         # the seed that replays the search (--seed)
+    draws: list[list] = UNSET                 # [memo, kind, turn] per draw, in order
+    coverage: dict = UNSET                    # Coverage.as_dict(): hits and deviations by bucket and concurrency
 
 
 def plan(scenario) -> dict:
@@ -91,8 +125,7 @@ async def run(rq, state) -> None:
     turn_tokens = max(m.turn_tokens, rq.server.grid + 16)
     notes = [[await rq.filler(f"mix-{memo.memo_id}-{t}", turn_tokens) for t in range(1, m.turns)] for memo in memos]
     sequence = draws(s.seed, m)
-    state.extra["seed"] = s.seed
-    state.extra["draws"] = [[d.memo, d.kind, d.turn] for d in sequence]
+    result = state.result = Result(seed=s.seed, draws=[[d.memo, d.kind, d.turn] for d in sequence])
 
     bodies = {(d.memo, d.turn): await rq.filler(f"mix-{memos[d.memo].memo_id}-h{d.turn}",
                                                 _body_tokens(rq, memos[d.memo]))
@@ -113,7 +146,7 @@ async def run(rq, state) -> None:
             await search.one(slot, d)
 
     await concurrently(*(worker(slot) for slot in range(m.workers)))
-    state.extra["coverage"] = search.coverage.as_dict()
+    result.coverage = search.coverage.as_dict()
 
 
 def _first_part(memo) -> str:
@@ -302,3 +335,31 @@ class Search:
 
 def dataclass_replace_salt(spec, salt: str):
     return dataclasses.replace(spec, salt=salt)
+
+
+# --- what the phase adds to the reports ---------------------------------------------------------------
+
+_BUCKET_NAMES = {"first": "first sight", "short_partial": "short partial prefix", "long_partial": "long partial prefix",
+                 "full": "full prefix"}
+_LEVEL_NAMES = {"alone": "alone", "2": "2 at once", "3": "3 at once", "4+": "4 or more"}
+
+
+def console_lines(summary: dict) -> list[str]:
+    """What the search covered: hits (of requests) and deviations by cached-length bucket, by
+    concurrency at the time, and the seed that replays it."""
+    r = Result.read(summary)
+    cover = r.coverage
+    if not cover:
+        return []
+
+    def cells(table: dict, names: dict | None = None) -> str:
+        return ", ".join(f"{(names or {}).get(key, key)} {row['hits']}/{row['requests']}"
+                         + (f" ({row['deviations']} deviating)" if row.get("deviations") else "")
+                         for key, row in table.items() if row.get("requests"))
+
+    return [f"mix covered (hits/requests), by prefix: {cells(cover.get('buckets') or {}, _BUCKET_NAMES)}",
+            f"mix by requests in flight: {cells(cover.get('by_concurrency') or {}, _LEVEL_NAMES)}; near ties "
+            f"{cover.get('near_ties', 0)}" + (f"; replay with --seed {r.seed}" if r.seed is not None else "")]
+
+
+timing_lines = console_lines

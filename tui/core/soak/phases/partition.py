@@ -23,14 +23,54 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from ...config.errors import BadInput
 from ...server.adapters import Identity, identities
 from ..identities import PairBook, Sent, under
 from ..record import concurrently
+from ..results import UNSET, PhaseResult
+from ...report import fmt
+from ...report.facts import text_table
+from ...report.phase_facts import Section
 
 TITLE = "partition"
 GUESS_IDENTITIES = 3          # for the plan, before the server is asked: base, a, b
+
+
+@dataclass(frozen=True)
+class Settings:
+    """[phases.partition]: the paired assertion: the same tokens under two identities (cache_salt, LoRA
+    adapter) must not share cached blocks, and a repeat under the same identity must hit."""
+    memo_tokens: int = 1200
+    salts: bool = True               # cache_salt pairs, where the dialect has salts (llama.cpp has none)
+    lora: bool = True                # adapter pairs, where the server serves adapters
+    adapters: tuple[str, ...] = ()   # the adapters to pair; empty: the first two the server lists
+    base: bool = True                # the base model is one of the identities
+    base_selection: str = "explicit"   # "explicit": the base model named (llama.cpp: every adapter at
+                                     # scale 0); "default": no adapter field (the server's default set)
+    orders: int = 3                  # adapter orders, each on its own memo (rotations of the identities)
+    concurrent: bool = True          # also every identity at once on the same memo
+    calibrate: bool = True           # fingerprint tolerance from the server's own same-identity noise
+                                     # (checks.detectors.calibrated_tolerance), never above the scenario's
+
+
+MINIMUMS = {"memo_tokens": 64, "orders": 1}
+
+
+def check(s: Settings) -> tuple[str, str, str] | None:
+    if s.base_selection not in ("explicit", "default"):
+        return "phases.partition", "base_selection", 'must be "explicit" or "default"'
+    return None
+
+
+
+@dataclass
+class Result(PhaseResult):
+    pairs: list[dict] = UNSET                 # one per identity pair tried (PairBook.pair_summary)
+    not_tried: list[dict] = UNSET             # {"field", "why"} per identity field the server left out
+    identities: list[dict] = UNSET            # the adapter identities paired: name, model, fields, what
+    fingerprint_tolerance: dict = UNSET       # the calibration: used, noise, answers, factor, floor, scenario
 
 
 def plan(scenario) -> dict:
@@ -47,8 +87,7 @@ async def run(rq, state) -> None:
     p = rq.scenario.partition
     pairs: list[dict] = []
     not_tried: list[dict] = []
-    state.extra["pairs"] = pairs
-    state.extra["not_tried"] = not_tried
+    result = state.result = Result(pairs=pairs, not_tried=not_tried)
     if not p.salts:
         not_tried.append({"field": "cache_salt", "why": "switched off in the scenario"})
     elif rq.server.dialect == "llamacpp":
@@ -64,7 +103,7 @@ async def run(rq, state) -> None:
                                                   "parent, no /lora-adapters)" if not rq.server.adapters
                           else "fewer than two identities to pair (set [phases.partition] adapters or base)"})
     else:
-        state.extra["identities"] = [{"name": i.name, "model": i.model, "fields": i.extra, "what": i.describe()}
+        result.identities = [{"name": i.name, "model": i.model, "fields": i.extra, "what": i.describe()}
                                      for i in who]
         pairs += await adapter_pairs(rq, state, who)
     if not pairs:
@@ -165,7 +204,7 @@ async def adapter_pairs(rq, state, who: list[Identity]) -> list[dict]:
             sent += [Sent(i, r, "concurrent", names, rerun=in_group(i)) for i, r in zip(who, group)]
         refs = {i.name: await cold_ref(i) for i in who}
         if k == 0 and p.calibrate:
-            state.extra["fingerprint_tolerance"] = await _calibrate(book, who, send, sent, refs, p.concurrent)
+            state.result.fingerprint_tolerance = await _calibrate(book, who, send, sent, refs, p.concurrent)
         await book.judge_answers(refs, sent, cold_ref)
         history.append((memo, specs, refs))
     await _revisit(rq, state, book, who, sender, history)
@@ -214,3 +253,41 @@ async def _all_at_once_cold(rq, state, book: PairBook, who: list[Identity], send
     refs = {i.name: await cold_ref(i) for i in who}
     await book.judge_answers(refs, [Sent(i, r, "concurrent_cold", names, rerun=in_group(i))
                                     for i, r in zip(who, group)], cold_ref)
+
+
+# --- what the phase adds to the reports ---------------------------------------------------------------
+
+HEADER = ("field", "pair", "status", "cross", "reused", "by fp", "repeats hit", "fp")
+
+
+def report_rows(summary: dict) -> tuple[list[list[str]], list[str]]:
+    """(one row per identity pair tried, a sentence per field not tried and for the calibration)."""
+    r = Result.read(summary)
+    rows = []
+    for pair in r.pairs or []:
+        same = ", ".join(f"{n} {v['hits']}/{v['repeats']}" for n, v in (pair.get("same_identity") or {}).items())
+        fp = pair.get("fingerprints")
+        rows.append([pair["field"], " / ".join(pair["pair"]), pair["status"], str(pair["cross_requests"]),
+                     str(pair["cross_reused"]), str(pair["fingerprint_leaks"]), same or "none",
+                     fmt.MISSING if fp in (None, "not compared") else fp])
+    notes = [f"partition: {n['field']} not tried: {n['why']}" for n in r.not_tried or []]
+    cal = r.fingerprint_tolerance
+    if cal:
+        noise = "not measured" if cal.get("noise") is None else f"{cal['noise']:.2g} nats"
+        if cal.get("unlike"):
+            noise += f", {cal['unlike']} unlike their own state: not calibrated"
+        notes.append(f"partition: fingerprint tolerance {cal['used']:.2g} nats (this server's own noise {noise} on "
+                     f"{cal['answers']} same-identity answers, x{cal['factor']:g}, at least {cal['floor']:g}, "
+                     f"at most the scenario's {cal['scenario']:g})")
+    return rows, notes
+
+
+def console_lines(summary: dict) -> list[str]:
+    rows, notes = report_rows(summary)
+    table = ["partition: identity pairs tried", *text_table(HEADER, rows, "")] if rows else []
+    return table + notes
+
+
+def section(summary: dict) -> Section | None:
+    rows, notes = report_rows(summary)
+    return Section("Identity pairs (partition)", "partition", HEADER, rows, notes=notes) if rows or notes else None

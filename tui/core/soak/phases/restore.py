@@ -23,6 +23,7 @@ poison outlives an erase on llama.cpp).
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -31,12 +32,47 @@ from ...checks import detectors as checks
 from ...checks.answers import hit_path_problems
 from ...config.errors import ServerProblem
 from ...server.slots import SlotClient, SlotError
+from ..results import UNSET, PhaseResult
+from ...report import fmt
+from ...report.facts import fmt_count
 
 TITLE = "restore (slot state moved)"
 DAMAGES = ("truncated", "magic", "scrambled", "flipped")
 WORDS = {"truncated": "a slot file cut to half its size", "short": "a slot file one byte short",
          "magic": "a slot file with its first byte flipped", "flipped": "a slot file with one byte flipped in the middle",
          "scrambled": "a slot file with 4 KiB scrambled in the middle"}
+
+OPTIONAL = True               # never in the default list: it needs launched llama.cpp replicas
+RESTORE_DAMAGES = tuple(WORDS)  # what `damages` may list
+
+
+@dataclass(frozen=True)
+class Settings:
+    """[phases.restore]: llama.cpp slot state that moves: saved on one replica, restored on another and
+    after a restart."""
+    memo_tokens: int = 600
+    slot: int = 0                    # the slot the memo is prefilled in, saved from and restored into
+    damaged_slot: int = 1            # where the damaged files are restored (then checked, then erased)
+    damages: tuple[str, ...] = ("truncated", "magic", "scrambled")   # see damage() below
+
+
+MINIMUMS = {"memo_tokens": 64}
+
+
+def check(s: Settings) -> tuple[str, str, str] | None:
+    if any(d not in RESTORE_DAMAGES for d in s.damages):
+        return "phases.restore", "damages", f"must list damages from {', '.join(RESTORE_DAMAGES)}"
+    if s.slot == s.damaged_slot or min(s.slot, s.damaged_slot) < 0:
+        return "phases.restore", "damaged_slot", "must be a slot number other than `slot`"
+    return None
+
+
+
+@dataclass
+class Result(PhaseResult):
+    # "moves": each restore of the saved slot (how, replica, restored, saved, cached, request);
+    # "damages": each damaged file restored (damage, bytes, replica, outcome)
+    restore: dict = UNSET
 
 
 def plan(scenario) -> dict:
@@ -68,7 +104,7 @@ def damage(source: Path, target: Path, kind: str) -> int:
 async def run(rq, state) -> None:
     r = rq.scenario.restore
     replicas, ctx = rq.replicas, rq.ctx
-    state.extra["restore"] = {"moves": [], "damages": []}
+    state.result = Result(restore={"moves": [], "damages": []})
     if replicas is None or len(replicas) < 2:
         state.mark_inconclusive("the restore phase needs two replicas (--replica twice, or --replicas 2)")
         rq.finding(state, "restore_not_run", "warn",
@@ -165,7 +201,7 @@ async def _move(rq, state, memo, cont, target: int, name: str, saved: int | None
         return
     record = await rq.send(state, cont, task="recall", memo=memo, expect="hit", replica=target)
     # (rq.send's judge has checked its code, foreign codes and fingerprint against a cold control)
-    state.extra["restore"]["moves"].append({"how": how, "replica": target, "restored": restored.tokens,
+    state.result.restore["moves"].append({"how": how, "replica": target, "restored": restored.tokens,
                                             "saved": saved, "cached": record.cached, "request": record.request})
     if not record.hit:
         state.mark_inconclusive(f"the restore {how} reused nothing")
@@ -182,7 +218,7 @@ async def _damaged(rq, state, memo, cont, target: int, clean: int, folder: Path,
     size = damage(folder / name, folder / bad, kind)
     where = f"{replicas.label(target)} slot {r.damaged_slot}"
     row = {"damage": kind, "bytes": size, "replica": target}
-    state.extra["restore"]["damages"].append(row)
+    state.result.restore["damages"].append(row)
     try:
         restored = await _slot(replicas, target, "restore", r.damaged_slot, bad)
     except SlotError as exc:
@@ -244,3 +280,25 @@ def _against_cold(rq, record, control) -> list[tuple[str | None, int | None, str
                 out.append(("fingerprint_mismatch", None, f"its greedy tokens and log-probabilities are off the cold "
                             f"control's ({match.agreeing} tokens agree, distance {match.distance:.4f})"))
     return out
+
+
+# --- what the phase adds to the reports ---------------------------------------------------------------
+
+def console_lines(summary: dict) -> list[str]:
+    """Each move of the saved slot (cached tokens of the continuation after the restore) and each
+    damaged file's outcome."""
+    r = Result.read(summary).restore
+    if not r:
+        return []
+    lines = []
+    for m in r.get("moves", []):
+        cached = fmt.MISSING if m.get("cached") is None else m["cached"]
+        lines.append(f"restore {m.get('how')}: r{m.get('replica')}: {fmt_count(m.get('restored'))} of "
+                     f"{fmt_count(m.get('saved'))} saved tokens restored, {cached} reused")
+    for d in r.get("damages", []):
+        lines.append(f"damaged slot file ({d.get('damage')}, {fmt_count(d.get('bytes'))} bytes) on "
+                     f"r{d.get('replica')}: {d.get('outcome') or 'not judged'}")
+    return lines
+
+
+timing_lines = console_lines

@@ -9,13 +9,45 @@ target rate out, or its time budget is spent (the run then says by how much it f
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 import time
 
 from ...report.power import hits_needed
 from ..requester import run_round
+from ..results import UNSET, PhaseResult
 
 TITLE = "rotation"
 MAX_ROUNDS = 10_000           # a bound on the loop whatever the budget says
+
+
+@dataclass(frozen=True)
+class Settings:
+    """[phases.rotation]"""
+    slots: int = 4
+    rounds: int = 14                 # at least; a power target can add rounds
+    memo_tokens: int = 4500
+    tasks: tuple[str, ...] = ("recall", "summary")   # slot s asks tasks[s % len(tasks)]
+
+
+MINIMUMS = {"slots": 2, "rounds": 1, "memo_tokens": 64}
+
+
+def check(s: Settings) -> tuple[str, str, str] | None:
+    if not s.tasks or any(t not in ("recall", "summary") for t in s.tasks):
+        return "phases.rotation", "tasks", 'must list "recall" and/or "summary"'
+    if s.slots > 256:
+        return "phases.rotation", "slots", "at most 256 concurrent slots"
+    return None
+
+
+
+@dataclass
+class Result(PhaseResult):
+    memos_redrawn: int = UNSET            # memos re-drawn until their fingerprints were apart
+    fingerprint_closest: dict = UNSET     # the closest pair of memos' cold fingerprints
+    rounds: int = UNSET
+    stopped: str = UNSET                  # why the phase stopped rotating
+    seconds: float = UNSET
 
 
 def target_rounds(scenario) -> int:
@@ -52,7 +84,7 @@ async def redraw_alike(rq, state, memos: list, one) -> None:
         rq.fingerprints.retire(memos[alike].memo_id)
         memos[alike] = await rq.memo(state, tokens=r.memo_tokens + 7 * attempt, slot=alike,
                                      tag=f"rot{alike}-redraw{attempt}")
-        state.extra["memos_redrawn"] = attempt
+        state.result.memos_redrawn = attempt
         await one(alike, 0)           # the new memo's cold run, on its slot, as round 0 would have sent it
     pair = rq.fingerprints.closest({m.memo_id for m in memos})
     if pair is not None and not pair.distinct:
@@ -70,6 +102,7 @@ def plan(scenario) -> dict:
 async def run(rq, state) -> None:
     s = rq.scenario
     r, p = s.rotation, s.power
+    result = state.result = Result()
     memos = [await rq.memo(state, tokens=r.memo_tokens, slot=slot, tag=f"rot{slot}") for slot in range(r.slots)]
     needed = hits_needed(p.fault_rate, p.confidence) if p.fault_rate else 0
     evidence = s.power_evidence
@@ -108,9 +141,7 @@ async def run(rq, state) -> None:
         round_ += 1
     closest = rq.fingerprints.closest({m.memo_id for m in memos}) if s.evidence.fingerprints else None
     if closest is not None:
-        state.extra["fingerprint_closest"] = {"memos": [closest.a, closest.b], "task": closest.task,
+        result.fingerprint_closest = {"memos": [closest.a, closest.b], "task": closest.task,
                                               "agreeing_tokens": closest.agreeing, "distance": closest.distance,
                                               "distinct": closest.distinct}
-    state.extra["rounds"] = round_
-    state.extra["stopped"] = stopped
-    state.extra["seconds"] = round(time.monotonic() - started, 1)
+    result.rounds, result.stopped, result.seconds = round_, stopped, round(time.monotonic() - started, 1)

@@ -6,10 +6,28 @@ stream carries the same code here, which is why the rotation phase exists.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..requester import run_round
 
 
 TITLE = "shared concurrency"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """[phases.shared_concurrency]"""
+    streams: int = 4
+    rounds: int = 2
+    length_step_tokens: int = 60     # stream s appends s * step tokens: different lengths
+
+
+MINIMUMS = {"streams": 1, "rounds": 1, "length_step_tokens": 0}
+
+
+def check(s: Settings) -> tuple[str, str, str] | None:
+    # the streams share the rotation's bound, and have always been reported under its key
+    return ("phases.rotation", "slots", "at most 256 concurrent slots") if s.streams > 256 else None
 
 
 def plan(scenario) -> dict:

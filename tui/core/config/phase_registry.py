@@ -1,0 +1,34 @@
+"""The phases as the parts below the soak see them: one module each, in tui/core/soak/phases/.
+
+A phase module declares everything about its phase (its `[phases.NAME]` settings, plan, run, and what
+it adds to each report); the registry in tui/core/soak/phases/__init__.py lists them. The scenario
+schema (this part) and the reports cannot import a phase: a phase imports the soak, which imports them.
+They find the phases here instead, loaded when first asked for, never at import time (the way
+harlequin's adapters are found through entry points: the modules below discover, nothing lists twice)."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+PHASES_PACKAGE = "tui.core.soak.phases"
+
+
+def registry() -> dict[str, ModuleType]:
+    """Every phase module by name, in the default scenario's order."""
+    return importlib.import_module(PHASES_PACKAGE).PHASES
+
+
+def phase(name: str) -> ModuleType | None:
+    return registry().get(name)
+
+
+def default_phases() -> tuple[str, ...]:
+    """The phases a scenario runs when it names none (an OPTIONAL phase must be asked for)."""
+    return tuple(name for name, module in registry().items() if not getattr(module, "OPTIONAL", False))
+
+
+def known_phases() -> tuple[str, ...]:
+    """Every phase a scenario may name: the default ones first, then the optional ones."""
+    optional = tuple(name for name, module in registry().items() if getattr(module, "OPTIONAL", False))
+    return default_phases() + optional

@@ -1,0 +1,63 @@
+"""What each phase adds to the reports, asked of the phase's own module (tui/core/soak/phases/NAME.py,
+found through the registry: this part cannot import a phase). Every hook is optional and reads only the
+phase's summary as the log holds it (`report.phases[name]`), so an old log reports as it always did:
+
+- `console_lines(summary) -> list[str]`: lines under the headless summary table (and `--format text`)
+- `timing_lines(summary) -> list[str]`: sentences of the markdown "Timing and determinism" section
+- `section(summary) -> Section | None`: a section of its own in markdown and html
+- `ttft_label(summary) -> str`: words after the phase's name on its TTFT-cut line ("(N prompt tokens)")
+
+The reports call them in the order the phases ran."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..config.phase_registry import phase
+from .report import RunReport
+
+
+@dataclass
+class Section:
+    """A phase's own section of the markdown and html reports: paragraphs, then a table, then notes."""
+    title: str                                  # "Eviction"
+    anchor: str                                 # its html id
+    header: tuple[str, ...] = ()
+    rows: list[list[str]] = field(default_factory=list)
+    paragraphs: list[str] = field(default_factory=list)          # markdown: one paragraph each
+    html_paragraphs: list[str] | None = None    # html: one <p> each (None: the markdown paragraphs)
+    notes: list[str] = field(default_factory=list)               # markdown: bullets after the table
+
+
+def hook(name: str, what: str) -> Callable[..., Any] | None:
+    module = phase(name)
+    return getattr(module, what, None) if module is not None else None
+
+
+def contributions(report: RunReport, what: str) -> list[tuple[str, Any]]:
+    """(phase, what the phase's hook made of its summary) for every phase that ran and has the hook."""
+    out = []
+    for name, summary in report.phases.items():
+        made = hook(name, what)
+        if made is not None:
+            out.append((name, made(summary)))
+    return out
+
+
+def console_lines(report: RunReport, name: str) -> list[str]:
+    made = hook(name, "console_lines")
+    return made(report.phases.get(name) or {}) if made is not None else []
+
+
+def timing_lines(report: RunReport) -> list[str]:
+    return [line for _, lines in contributions(report, "timing_lines") for line in lines]
+
+
+def sections(report: RunReport) -> list[Section]:
+    return [made for _, made in contributions(report, "section") if made is not None]
+
+
+def ttft_label(name: str, summary: dict[str, Any]) -> str:
+    made = hook(name, "ttft_label")
+    return made(summary) if made is not None else ""

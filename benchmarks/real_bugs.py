@@ -235,7 +235,8 @@ CASES: list[Case] = [
         control=Run(("--engine", "llamacpp", "--model", "qwen3next-tiny", "--replicas", "2"),
                     restore("qwen-clean", tokens=1500, codes=False, damages="[]"), 20),
         control_note="the tiny Qwen3-Next: the continuation after a restore is a hit (recurrent state survives)",
-        shows=restore_no_reuse, setup=("--engine", "llamacpp", "--model", "qwen3next-tiny")),
+        shows=restore_no_reuse, setup=("--engine", "llamacpp", "--model", "qwen3next-tiny"),
+        repro_kind="restore_no_reuse"),
     Case(
         name="llamacpp-damaged-slot-poison",
         title="llama.cpp: a damaged slot file is accepted, answers wrong and leaves its slot poisoned",
@@ -406,18 +407,21 @@ def fail_number(report: dict, shown: list[dict]) -> int | None:
 def write_repro(case: Case, outcome: Outcome, report: dict, out: Path) -> dict:
     target = out / f"{case.name}-repro.py"
     if case.repro_kind:           # the first of that kind the log holds whole
-        which, number = ("--kind", case.repro_kind), None
-    else:
-        number = fail_number(report, case.shows(report, outcome.exit))
-        if number is None:
+        tries = [(("--kind", case.repro_kind), None)]
+    else:                         # the first finding that shows the bug and whose prompts the log holds
+        shown = case.shows(report, outcome.exit)
+        numbers = [n for n in (fail_number(report, [f]) for f in shown) if n is not None]
+        if not numbers:
             return {"written": False, "why": f"no fail-class {case.kind} finding to reproduce"}
-        which = ("--finding", str(number))
-    done = subprocess.run(hitproof("repro", outcome.log, *which, "--output", str(target)),
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    if done.returncode == 0 and target.is_file():
-        return {"written": True, "path": str(target), "finding": number}
-    why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-    return {"written": False, "why": why, "finding": number}
+        tries = [(("--finding", str(n)), n) for n in dict.fromkeys(numbers)]
+    why = ""
+    for which, number in tries:
+        done = subprocess.run(hitproof("repro", outcome.log, *which, "--output", str(target)),
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        if done.returncode == 0 and target.is_file():
+            return {"written": True, "path": str(target), "finding": number}
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    return {"written": False, "why": why, "finding": tries[0][1]}
 
 
 def setup(case: Case, out: Path, left_s: float) -> str | None:

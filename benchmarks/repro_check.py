@@ -18,6 +18,8 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -90,11 +92,72 @@ def run_against(script: Path, argv: list[str], env: dict[str, str], out: Path) -
                 pass
 
 
+def replicas_of(log: str | Path) -> str | None:
+    """The embedded llama.cpp model a log's two replicas served (the restore phase's runs), else None."""
+    opener = gzip.open if str(log).endswith(".gz") else open
+    with opener(log, "rt") as f:
+        header = json.loads(f.readline())
+        server = next((e for e in map(json.loads, f) if e.get("type") == "server"), {})
+    target = header.get("target") or {}
+    if target.get("engine") != "llamacpp" or len(target.get("replicas") or []) != 2:
+        return None
+    return re.sub(r"@\d+$", "", server.get("model") or "") or None     # replicas are aliased MODEL@INDEX
+
+
+def run_pair(script: Path, model: str, out: Path) -> dict[str, Any]:
+    """Two llama-servers sharing a fresh slot folder (the embedded launch line plus --slot-save-path), the
+    script run with `--to` the second and `--slot-dir` the folder; both stopped after."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tui.embedded import launch_spec      # the launch line the restore phase's replicas had
+
+    folder = Path(tempfile.mkdtemp(prefix="repro-slots-"))
+    servers, urls = [], []
+    try:
+        for i in range(2):
+            port = _free_port()
+            spec = launch_spec("llamacpp", port=port, model=model, extra_args=("--slot-save-path", str(folder)))
+            with open(out.with_suffix(f".server{i}.log"), "w") as log:
+                servers.append(subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, stdout=log,
+                                                stderr=subprocess.STDOUT, start_new_session=True))
+            urls.append(f"http://127.0.0.1:{port}")
+        t0 = time.monotonic()
+        while not all(_ready(u) for u in urls):
+            if any(p.poll() is not None for p in servers) or time.monotonic() - t0 > READY_S:
+                return {"exit": None, "line": f"the servers did not come up (see {out.with_suffix('.server0.log')})"}
+            time.sleep(1)
+        argv = [SYSTEM_PYTHON, "-I", str(script), urls[0], "--to", urls[1]]
+        if '"claim": "bad_restore"' in script.read_text():
+            argv += ["--slot-dir", str(folder)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=SCRIPT_S)
+        out.write_text(done.stdout + done.stderr)
+        lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+        return {"exit": done.returncode, "line": lines[-1] if lines else "", "output": str(out),
+                "command": " ".join(argv[2:])}
+    finally:
+        for server in servers:
+            try:
+                os.killpg(server.pid, signal.SIGTERM)
+                server.wait(30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def check(script: Path, bug_log: str, control_log: str | None) -> dict[str, Any]:
     """The script against the bug's server and, when it is another server, the control's."""
     bug = launch_of(bug_log)
+    if control_log and not Path(control_log).is_file():
+        control_log = None
     if bug is None:
-        return {"bug": {"exit": None, "line": "not run: the bug's server is not one launched server (replicas or attached)"}}
+        model = replicas_of(bug_log)
+        if model is None:
+            return {"bug": {"exit": None, "line": "not run: the bug's server is neither one launched server nor "
+                                                  "two llama.cpp replicas"}}
+        result = {"bug": run_pair(script, model, script.with_suffix(".bug.out"))}
+        # a control on another model is no control for the script: its prefill is cut where the bug's
+        # model's tokens align with the question's (measured: Qwen3-Next then reuses nothing either)
+        result["control"] = {"exit": None, "line": "not run: the control serves another model or changes the requests"}
+        return result
     result = {"bug": run_against(script, *bug, script.with_suffix(".bug.out"))}
     control = launch_of(control_log) if control_log else None
     same = control is not None and [a for a in control[0] if not a.isdigit()] == [a for a in bug[0] if not a.isdigit()]

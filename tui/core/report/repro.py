@@ -154,6 +154,10 @@ def _identity_writers(log: LoadedLog, finding: Finding, hit: RequestStarted) -> 
     if finding.kind != "partition_leak" or ev.get("concurrent_with") or ev.get("via") not in ("cache", "unknown"):
         return []
     names = ev.get("computed_by") or ([ev["owner"]] if ev.get("owner") else [])
+    if not names:             # a state close to no identity's: the last other identity on its prompt wrote it
+        before = [s for s in log.starts.values() if s.phase == hit.phase and s.memo == hit.memo
+                  and s.request < hit.request and s.prompt_chars == hit.prompt_chars and s.identity != hit.identity]
+        names = [max(before, key=lambda s: s.request).identity or "base"] if before else []
     out = []
     for name in names:
         found = [s for s in log.starts.values() if _is(s, name) and s.phase == hit.phase and s.memo == hit.memo

@@ -169,7 +169,7 @@ class ClusterPlan:
         return [w.url for w in self.workers]
 
     def launch_plan(self, slot_dir: str | None = None) -> LaunchPlan:
-        """The router's launch with the workers as its replicas (what tui.core.server.Cluster starts)."""
+        """The router's launch with the workers as its replicas (what tui.core.server.cluster.Cluster starts)."""
         plan = self.front.plan(replicas=[w.plan() for w in self.workers], router_metrics=self.metrics_url,
                                slot_dir=slot_dir)
         plan.engine = self.workers[0].engine
@@ -315,7 +315,7 @@ def _distinct_ports(count: int) -> list[int]:
 def cluster_launch_plan(n: int, *, router: str | None = None, policy: str | None = None, engine: str = "llamacpp",
                         model: str = "gemma3-270m") -> LaunchPlan:
     """n embedded servers of `engine` behind `router`, as the one plan every launch takes (started by
-    tui.core.server.Cluster). llama.cpp replicas share a slot folder made for this run (the restore
+    tui.core.server.cluster.Cluster). llama.cpp replicas share a slot folder made for this run (the restore
     phase moves saved state between them); the cluster removes it when it stops."""
     slot_dir = tempfile.mkdtemp(prefix="hitproof-slots-") if engine == "llamacpp" else None
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
 PHASES_PACKAGE = "tui.core.soak.phases"
 
@@ -32,3 +33,14 @@ def known_phases() -> tuple[str, ...]:
     """Every phase a scenario may name: the default ones first, then the optional ones."""
     optional = tuple(name for name, module in registry().items() if getattr(module, "OPTIONAL", False))
     return default_phases() + optional
+
+
+def hook(name: str | None, what: str) -> Any:
+    """What the phase of that name declares under `what` (None: no such phase, or it declares nothing)."""
+    module = registry().get(name) if name else None
+    return getattr(module, what, None) if module is not None else None
+
+
+def providers(what: str, value: Any) -> dict[str, ModuleType]:
+    """The phase modules that declare `what` as `value` (the phases counting a kind of power evidence)."""
+    return {name: module for name, module in registry().items() if getattr(module, what, None) == value}

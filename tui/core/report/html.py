@@ -18,6 +18,7 @@ import html
 import json
 from typing import Any, Sequence
 
+from ..config.phase_registry import hook
 from ..log.events import Finding
 from . import fmt
 from .latency import ARMS
@@ -203,9 +204,9 @@ def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
     if not multi:
         out.append('<p class="none">No conversation or agent turns in this run.</p>')
     for phase in dict.fromkeys(multi):
-        label = {"conversation": "conversation turns", "agent_replay": "agent turns"}.get(phase, f"{phase} turns")
+        label = hook(phase, "TURNS_LABEL") or f"{phase} turns"        # the phase names its turns
         out.append(turns_chart(label, fold.turns.get((phase, "main"), []),
-                               fold.turns.get((phase, "control"), []) if phase == "agent_replay" else ()))
+                               fold.turns.get((phase, "control"), []) if hook(phase, "TURNS_CONTROL") else ()))
 
     out.append(_agent_turns_table(report))
 

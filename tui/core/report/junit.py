@@ -8,6 +8,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from ..config.phase_registry import hook
 from ..log.events import Finding
 from . import facts, fmt
 from .facts import UNFINISHED
@@ -102,12 +103,12 @@ def _check_cases(suite: ET.Element, report: RunReport, name: str, phase: dict, f
             if f.kind == kind and f.severity == "fail":
                 offset = "" if f.offset is None else f" at offset {f.offset}"
                 _outcome(case, "failure", f"{kind}{offset}: {f.detail}", _finding_text(f, report), type_=kind)
-        related = (kind, "kernel_nondeterminism") if kind == "cache_path_divergence" else (kind,)
+        related = (kind, *((hook(name, "JUNIT_RELATED") or {}).get(kind, ())))   # the phase's own notes on it
         notes = [_finding_text(f, report) for f in found if f.kind in related and f.severity != "fail"]
-        if kind == "cache_path_divergence" and (phase.get("determinism") or {}).get("kind") == "kernel_nondeterminism":
-            # hit != hit or cold != cold: the kernel varies on its own, so hit vs cold proves nothing.
-            _outcome(case, "skipped", "kernel nondeterminism: outputs vary without the cache, so hit vs cold "
-                                      "cannot show a cache-path divergence")
+        skip = hook(name, "junit_skip")             # the phase can say its check could not tell
+        reason = skip(phase, kind) if skip is not None else None
+        if reason:
+            _outcome(case, "skipped", reason)
         if notes:
             ET.SubElement(case, "system-out").text = _x(f"{len(notes)} warning/info finding(s), not failures:\n"
                                                         + "\n".join(notes))
@@ -150,6 +151,7 @@ def _checks_run(report: RunReport, phase: str) -> set[str]:
     would be a test that cannot fail)."""
     names = report.tally.ran.get(phase, set())
     ran = {kind for kind, key in CHECK_KINDS.items() if key and key in names}
-    if (report.phases.get(phase) or {}).get("determinism"):
-        ran.add("cache_path_divergence")
+    more = hook(phase, "junit_checks")              # checks a phase runs itself, not on each request
+    if more is not None:
+        ran |= more(report.phases.get(phase) or {})
     return ran

@@ -7,14 +7,18 @@ phase's summary as the log holds it (`report.phases[name]`), so an old log repor
 - `section(summary) -> Section | None`: a section of its own in markdown and html
 - `ttft_label(summary) -> str`: words after the phase's name on its TTFT-cut line ("(N prompt tokens)")
 
-The reports call them in the order the phases ran."""
+The reports call them in the order the phases ran. Elsewhere a phase may declare: its kind of power
+evidence (`POWER_EVIDENCE`, `POWER_TASK`, `POWER_FAILS`, `POWER_UNIT`, `power_evidence`: power.py), its
+own length under a power target (`progress_expected`, `progress_remaining`: progress.py), checks of its
+own in JUnit (`junit_checks`, `junit_skip`, `JUNIT_RELATED`: junit.py), the name of its turns chart
+(`TURNS_LABEL`, `TURNS_CONTROL`: html.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from ..config.phase_registry import phase
+from ..config.phase_registry import hook
 from .report import RunReport
 
 
@@ -28,11 +32,6 @@ class Section:
     paragraphs: list[str] = field(default_factory=list)          # markdown: one paragraph each
     html_paragraphs: list[str] | None = None    # html: one <p> each (None: the markdown paragraphs)
     notes: list[str] = field(default_factory=list)               # markdown: bullets after the table
-
-
-def hook(name: str, what: str) -> Callable[..., Any] | None:
-    module = phase(name)
-    return getattr(module, what, None) if module is not None else None
 
 
 def contributions(report: RunReport, what: str) -> list[tuple[str, Any]]:

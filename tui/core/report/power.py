@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from .fmt import pct
+from ..config.phase_registry import hook, providers
 from ..log.events import Finding, FingerprintCompared, PhaseFinished, RequestFinished, RequestStarted
 
 # Evidence kinds, in report order: (key, finding kind that fails it, how a sentence names it).
@@ -144,9 +145,11 @@ class EvidenceTally:
         self._failed = bytearray()                             # request id -> flags of kinds failed
         self.checked = {name: 0 for name, _, _ in KINDS}
         self.failures = {name: 0 for name, _, _ in KINDS}
-        self._determinism: list[int] = []
-        self._determinism_kind: str | None = None
-        self._determinism_failed = False
+        # evidence a phase counts itself (its POWER_EVIDENCE kind): its proven main-arm hits of its
+        # POWER_TASK, its summary, whether a fail-class finding of its POWER_FAILS kind came
+        self._phase_hits: dict[str, int] = {}
+        self._phase_summary: dict[str, dict] = {}
+        self._phase_failed: set[str] = set()
 
     def feed(self, event) -> None:
         handler = self._HANDLERS.get(type(event))
@@ -179,8 +182,8 @@ class EvidenceTally:
         for name in kinds:
             self._mark(self._checked, e.request, name)
             self.checked[name] += 1
-        if phase == "determinism" and task == "determinism":
-            self._determinism.append(e.request)
+        if task == hook(phase, "POWER_TASK"):
+            self._phase_hits[phase] = self._phase_hits.get(phase, 0) + 1
 
     def _on_fingerprint(self, e) -> None:
         if not self._flag(self._checked, e.request, "fingerprint"):
@@ -190,8 +193,8 @@ class EvidenceTally:
     def _on_finding(self, f) -> None:
         if f.severity != "fail":
             return
-        if f.kind == "cache_path_divergence" and f.phase == "determinism":
-            self._determinism_failed = True
+        if f.phase and f.kind == hook(f.phase, "POWER_FAILS"):
+            self._phase_failed.add(f.phase)
         name = self._FAILS.get(f.kind)
         if name is None or f.request is None:
             return
@@ -200,8 +203,8 @@ class EvidenceTally:
             self.failures[name] += 1
 
     def _on_phase_end(self, e) -> None:
-        if e.phase == "determinism":
-            self._determinism_kind = ((e.summary or {}).get("determinism") or {}).get("kind")
+        if hook(e.phase, "power_evidence") is not None:
+            self._phase_summary[e.phase] = e.summary or {}
 
     _HANDLERS = {RequestStarted: _on_start, RequestFinished: _on_end, FingerprintCompared: _on_fingerprint,
                  Finding: _on_finding, PhaseFinished: _on_phase_end}
@@ -221,11 +224,13 @@ class EvidenceTally:
         out: dict[str, dict[str, Any]] = {}
         for name, _, _ in KINDS:
             n, fails = self.checked[name], self.failures[name]
-            if name == "determinism":
-                n = len(self._determinism) if self._determinism_kind in ("identical", "cache_path_divergence") else 0
-                # hit == hit != cold: every compared hit diverged, when it was judged a failure (a
-                # near-tied flip judged info is numerics, not a fault)
-                fails = n if self._determinism_kind == "cache_path_divergence" and self._determinism_failed else 0
+            counted_by = providers("POWER_EVIDENCE", name)
+            if counted_by:                     # a phase's own evidence: it says what its hits prove
+                n = fails = 0
+                for phase, module in counted_by.items():
+                    hits = self._phase_hits.get(phase, 0)
+                    got = module.power_evidence(hits, self._phase_summary.get(phase) or {}, phase in self._phase_failed)
+                    n, fails = n + got[0], fails + got[1]
             bound = upper_bound(n, fails, confidence)
             out[name] = {"checked_hits": n, "failures": fails, key: None if bound is None else round(bound, 4),
                          "sentence": kind_sentence(name, n, fails, confidence)}
@@ -254,7 +259,7 @@ def target_sentence(evidence: str, checked: int, failures: int, fault_rate: floa
 
 def kind_sentence(name: str, n: int, failures: int, confidence: float = 0.95) -> str:
     label = dict((k, words) for k, _, words in KINDS)[name]
-    unit = "greedy hits" if name == "determinism" else "hits"
+    unit = _unit(name)
     if n == 0:
         return f"no {unit} {label}: no bound on that fault rate"
     bound = upper_bound(n, failures, confidence)
@@ -272,7 +277,7 @@ def power_line(report, confidence: float = 0.95) -> str:
     for name, _, label in KINDS:
         c = counts[name]
         n, fails = c["checked_hits"], c["failures"]
-        unit = "greedy hits" if name == "determinism" else "hits"
+        unit = _unit(name)
         if n == 0:
             parts.append(f"no {unit} {label}")
             continue
@@ -308,6 +313,11 @@ def rotation_slots(report) -> int:
     settings = ((report.header.scenario if report.header else None) or {}).get("settings") or {}
     slots = (settings.get("rotation") or {}).get("slots")
     return slots if isinstance(slots, int) and slots > 0 else 4
+
+
+def _unit(kind: str) -> str:
+    """What a kind of evidence counts: hits, or what the phase counting it calls them ("greedy hits")."""
+    return next((getattr(m, "POWER_UNIT", "hits") for m in providers("POWER_EVIDENCE", kind).values()), "hits")
 
 
 def _one_in(rate: float) -> str:

@@ -11,11 +11,11 @@ Folded from the event stream (live or a log) like the report. What it knows and 
   uses the run's so far (every phase's time over every phase's requests). Phases cost differently
   (a long cold prompt is slower than a hit): the estimate of a phase not started is a rough one,
   and sharpens as soon as the phase has finished a request.
-- **rotation with a power target** goes on after its planned rounds until the run's checked hits
-  reach the target, its time budget is spent, or a checked hit fails. Its expected length is the
-  rounds that reach the target at the rate hits were checked so far (a priori: one check per
-  recall slot a round after the cold round 0), never fewer than its own rounds nor more than the
-  plan's upper bound, and its time never beyond the budget.
+- **rotation with a power target** (its module's `progress_expected`, `progress_remaining`) goes on
+  after its planned rounds until the run's checked hits reach the target, its time budget is spent,
+  or a checked hit fails. Its expected length is the rounds that reach the target at the rate hits
+  were checked so far (a priori: one check per recall slot a round after the cold round 0), never
+  fewer than its own rounds nor more than the plan's upper bound, and its time never beyond the budget.
 - Isolation re-runs (`--isolate`) after the phases are not planned and not estimated.
 
 `estimate(now)` gives the picture at a moment (`now`: seconds on the run's clock, the events' `t`).
@@ -23,12 +23,12 @@ Folded from the event stream (live or a log) like the report. What it knows and 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from ..log.events import (Event, PhaseFinished, PhaseStarted, PowerJudged, RequestFinished, RequestStarted,
                           RunFinished, RunHeader)
+from ..config.phase_registry import hook
 from . import fmt
 from .power import EvidenceTally, hits_needed
 
@@ -158,7 +158,7 @@ class ProgressFold:
 
     # --- the power target -------------------------------------------------------------------
 
-    def _target(self) -> tuple[str, float, float, int] | None:
+    def target(self) -> tuple[str, float, float, int] | None:
         """(evidence, fault rate, confidence, checked hits needed), or None without a target."""
         power = self.settings.get("power") or {}
         rate = power.get("fault_rate") or 0.0
@@ -170,7 +170,7 @@ class ProgressFold:
         return evidence, rate, confidence, hits_needed(rate, confidence)
 
     def _checked(self) -> int:
-        target = self._target()
+        target = self.target()
         return self.tally.checked.get(target[0], 0) if target else 0
 
     def power(self) -> PowerProgress | None:
@@ -178,41 +178,12 @@ class ProgressFold:
         if judged is not None:
             return PowerProgress(judged.evidence, judged.fault_rate, judged.confidence, judged.checked,
                                  judged.needed, judged.failures, judged.reached)
-        target = self._target()
+        target = self.target()
         if target is None:
             return None
         evidence, rate, confidence, needed = target
         return PowerProgress(evidence, rate, confidence, self.tally.checked.get(evidence, 0), needed,
                              self.tally.failures.get(evidence, 0), None)
-
-    def _rotation_expected(self, phase: _Phase) -> int | None:
-        """Main-arm requests the rotation phase is expected to send under a power target (None: no
-        target; the plan stands)."""
-        target = self._target()
-        if target is None or phase.planned is None:
-            return None
-        evidence, _, _, needed = target
-        rotation = self.settings.get("rotation") or {}
-        slots = int(rotation.get("slots") or 4)
-        base = slots * int(rotation.get("rounds") or 1)
-        tasks = rotation.get("tasks") or ["recall"]
-        per_round = slots if evidence == "fingerprint" else sum(1 for s in range(slots) if tasks[s % len(tasks)] == "recall")
-        checked = self.tally.checked.get(evidence, 0)
-        running = phase.status == "running"
-        if self.tally.failures.get(evidence, 0):      # it stops after its own rounds: more cannot rule it out
-            return max(base, slots * math.ceil(phase.done / slots)) if running else base
-        if not per_round:
-            return phase.planned
-        more = max(0, needed - checked)
-        gained = checked - phase.checked_at_start if running else 0
-        if running and phase.done >= 2 * slots and gained <= 0:
-            return phase.planned                        # hits are not being checked: it runs to its plan
-        if running and phase.done > slots and gained > 0:
-            per_round = gained * slots / (phase.done - slots)     # as seen after the cold round 0
-            expected = slots * math.ceil(phase.done / slots) + slots * math.ceil(more / per_round)
-        else:
-            expected = slots + slots * math.ceil(more / per_round)
-        return max(base, min(phase.planned, expected))
 
     # --- the picture at a moment -----------------------------------------------------------------
 
@@ -254,10 +225,10 @@ class ProgressFold:
         if p.status not in ("pending", "running"):
             return Estimate(p.name, p.status, p.done, p.planned, p.done, elapsed, 0.0, "")
         expected = p.planned
-        if p.name == "rotation":
-            guess = self._rotation_expected(p)
-            if guess is not None:
-                expected = guess
+        own_guess = hook(p.name, "progress_expected")  # a phase whose length is not its plan says its own
+        guess = own_guess(self, p) if own_guess is not None else None
+        if guess is not None:
+            expected = guess
         if expected is not None and p.status == "running":
             expected = max(expected, p.done)
         own = elapsed / p.done if p.status == "running" and p.done else None
@@ -265,13 +236,9 @@ class ProgressFold:
         if expected is None or rate is None:
             return Estimate(p.name, p.status, p.done, p.planned, expected, elapsed, None, "")
         remaining = max(0, expected - p.done) * rate
-        if p.name == "rotation" and self._target() is not None:
-            # past its own rounds it stops once its time budget is spent (its own rounds always run)
-            budget = float((self.settings.get("power") or {}).get("budget_s") or 0.0)
-            rotation = self.settings.get("rotation") or {}
-            own = max(0, int(rotation.get("slots") or 4) * int(rotation.get("rounds") or 1) - p.done) * rate
-            if budget > 0:
-                remaining = max(own, min(remaining, max(0.0, budget - elapsed)))
+        bound = hook(p.name, "progress_remaining")     # ... and when it stops
+        if bound is not None:
+            remaining = bound(self, p, remaining, rate, elapsed)
         return Estimate(p.name, p.status, p.done, p.planned, expected, elapsed, remaining, basis)
 
 

@@ -20,6 +20,8 @@ from ...evidence.tokens import estimate_tokens
 from ..results import UNSET, PhaseResult
 from .conversation import judge_rise
 
+TURNS_LABEL = "agent turns"          # its cached tokens per turn, charted in the html report,
+TURNS_CONTROL = True                 # with the salted control arm's beside them
 TITLE = "agent replay"
 
 

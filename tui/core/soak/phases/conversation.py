@@ -12,6 +12,7 @@ from ..proof import rises
 from ..reuse import grid_promises, promised_extension, report_short, short_of
 from ..results import UNSET, PhaseResult
 
+TURNS_LABEL = "conversation turns"   # its cached tokens per turn, charted in the html report
 TITLE = "conversation"
 
 

@@ -174,3 +174,36 @@ def console_lines(summary: dict) -> list[str]:
 
 
 timing_lines = console_lines
+
+
+# Its evidence in the power report (report/power.py, kind "determinism"): the greedy hits compared with
+# their cold run count when the phase classified them (kernel nondeterminism makes the comparison unable
+# to tell: none count); hit == hit != cold means every compared hit diverged, a failure when judged fail
+# (a near-tied flip judged info is numerics, not a fault).
+POWER_EVIDENCE = "determinism"
+POWER_TASK = "determinism"               # the proven main-arm hits of this task are the ones compared
+POWER_FAILS = "cache_path_divergence"
+POWER_UNIT = "greedy hits"
+
+
+def power_evidence(hits: int, summary: dict, failed: bool) -> tuple[int, int]:
+    """(hits checked, failures) from the phase's hits, its summary and whether a divergence failed."""
+    kind = (Result.read(summary).determinism or {}).get("kind")
+    checked = hits if kind in ("identical", "cache_path_divergence") else 0
+    return checked, checked if kind == "cache_path_divergence" and failed else 0
+
+
+# What it adds to the JUnit report (report/junit.py): its comparison is a check of the phase (a case
+# whenever the phase classified its runs), and kernel nondeterminism makes that case unable to fail.
+JUNIT_RELATED = {"cache_path_divergence": ("kernel_nondeterminism",)}   # findings noted under the case
+
+
+def junit_checks(summary: dict) -> set[str]:
+    return {"cache_path_divergence"} if Result.read(summary).determinism else set()
+
+
+def junit_skip(summary: dict, kind: str) -> str | None:
+    if kind == "cache_path_divergence" and (Result.read(summary).determinism or {}).get("kind") == "kernel_nondeterminism":
+        # hit != hit or cold != cold: the kernel varies on its own, so hit vs cold proves nothing
+        return "kernel nondeterminism: outputs vary without the cache, so hit vs cold cannot show a cache-path divergence"
+    return None

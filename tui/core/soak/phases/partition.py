@@ -10,7 +10,7 @@
   reuse of what the others computed; repeat: must hit), then back to the first identity, then every
   identity at once. Each identity's own cold fingerprint of the memo is taken last (solo, under a
   fresh salt / `cache_prompt: false`), and every answer is compared with it and with the others'
-  (tui.core.soak.identities). Then every memo again under each identity, alone (a state saved
+  (partition_identities.py, beside it). Then every memo again under each identity, alone (a state saved
   elsewhere and brought back must be the asker's), and once per phase every identity at once on
   a memo nobody computed.
 - The fingerprint tolerance is calibrated on the first memo (`calibrate = true`): this server's own
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ...config.errors import BadInput
 from ...server.adapters import Identity, identities
-from ..identities import PairBook, Sent, under
+from .partition_identities import PairBook, Sent, under
 from ..record import concurrently
 from ..results import UNSET, PhaseResult
 from ...report import fmt

@@ -22,11 +22,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from ..checks import detectors
-from ..log.events import FingerprintCompared
-from ..server.adapters import Identity
-from .record import Record, cached_words
-from .state import PhaseState
+from ...checks import detectors
+from ...log.events import FingerprintCompared
+from ...server.adapters import Identity
+from ..record import Record, cached_words
+from ..state import PhaseState
 
 REPRODUCE = 2               # more cold runs, and more runs of the same path, before a deviation is a leak
 

@@ -145,3 +145,45 @@ async def run(rq, state) -> None:
                                               "agreeing_tokens": closest.agreeing, "distance": closest.distance,
                                               "distinct": closest.distinct}
     result.rounds, result.stopped, result.seconds = round_, stopped, round(time.monotonic() - started, 1)
+
+
+# --- what the phase adds to the progress estimate (report/progress.py) ---------------------------------
+
+def progress_expected(fold, phase) -> int | None:
+    """Main-arm requests the phase is expected to send under a power target (None: no target; the plan
+    stands). `fold` is the run's report.progress.ProgressFold, `phase` its row for this phase."""
+    target = fold.target()
+    if target is None or phase.planned is None:
+        return None
+    evidence, _, _, needed = target
+    rotation = fold.settings.get("rotation") or {}
+    slots = int(rotation.get("slots") or 4)
+    base = slots * int(rotation.get("rounds") or 1)
+    tasks = rotation.get("tasks") or ["recall"]
+    per_round = slots if evidence == "fingerprint" else sum(1 for s in range(slots) if tasks[s % len(tasks)] == "recall")
+    checked = fold.tally.checked.get(evidence, 0)
+    running = phase.status == "running"
+    if fold.tally.failures.get(evidence, 0):      # it stops after its own rounds: more cannot rule it out
+        return max(base, slots * math.ceil(phase.done / slots)) if running else base
+    if not per_round:
+        return phase.planned
+    more = max(0, needed - checked)
+    gained = checked - phase.checked_at_start if running else 0
+    if running and phase.done >= 2 * slots and gained <= 0:
+        return phase.planned                        # hits are not being checked: it runs to its plan
+    if running and phase.done > slots and gained > 0:
+        per_round = gained * slots / (phase.done - slots)     # as seen after the cold round 0
+        expected = slots * math.ceil(phase.done / slots) + slots * math.ceil(more / per_round)
+    else:
+        expected = slots + slots * math.ceil(more / per_round)
+    return max(base, min(phase.planned, expected))
+
+
+def progress_remaining(fold, phase, remaining: float, rate: float, elapsed: float) -> float:
+    """Past its own rounds it stops once its time budget is spent (its own rounds always run)."""
+    if fold.target() is None:
+        return remaining
+    budget = float((fold.settings.get("power") or {}).get("budget_s") or 0.0)
+    rotation = fold.settings.get("rotation") or {}
+    own = max(0, int(rotation.get("slots") or 4) * int(rotation.get("rounds") or 1) - phase.done) * rate
+    return max(own, min(remaining, max(0.0, budget - elapsed))) if budget > 0 else remaining

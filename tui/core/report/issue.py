@@ -32,7 +32,14 @@ _WHAT = {
     "hit_path_divergence": "a prefix-cache hit's answer differs from the same request's cold run",
     "cache_path_divergence": "at temperature 0, hits answer differently from cold runs, while hits agree with "
                              "hits and cold runs with cold runs",
+    "partition_leak": "a request under one identity (salt or adapter) answers from, or reuses, a state another "
+                      "identity computed",
+    "server_error": "the server failed on a request during the soak",
+    "bad_restore": "a damaged slot file restored by the server answers wrong, while the same request cold is right",
 }
+# what the title calls the finding's place: most findings are about a hit
+_WHERE = {"server_error": "during a prefix-cache soak", "bad_restore": "after a slot restore",
+          "partition_leak": "across cache identities"}
 
 
 def _fence(text: str, lang: str = "") -> str:
@@ -119,7 +126,8 @@ def issue_markdown(path: str | Path, number: int | None = None, repeats: int = R
     server = log.server
     engine = f"{fmt.word(server.dialect)} {server.version or '(version unknown)'}" if server else "the server"
     model = (server.model if server else None) or "unknown"
-    lines = [f"# {finding.kind} on a prefix-cache hit ({engine}, model {model})", "",
+    where = _WHERE.get(finding.kind, "on a prefix-cache hit")
+    lines = [f"# {finding.kind} {where} ({engine}, model {model})", "",
              f"{_WHAT.get(finding.kind, finding.kind).capitalize()}. Found by "
              f"hitproof {fmt.word(((log.header.tool if log.header else None) or {}).get('version'))} "
              f"(run `{fmt.word(log.header.run_id if log.header else None)}`, "
@@ -127,7 +135,8 @@ def issue_markdown(path: str | Path, number: int | None = None, repeats: int = R
              f"finding {index} of {len(fails)} fail-class finding(s) in that run.", "",
              "## Environment (the incident record)", "", *_environment(log, report), ""]
     lines += ["## What was seen", "",
-              f"- **{finding.kind}** in phase `{finding.phase}`, request {fmt.word(finding.request)}"
+              f"- **{finding.kind}** in phase `{finding.phase}`, request "
+              f"{fmt.word(finding.request if plan is None else plan['finding']['request'])}"
               + (f", memo `{finding.memo}`" if finding.memo else "")
               + (f", offset {finding.offset}" if finding.offset is not None else "") + ".",
               f"- {fmt.word(finding.detail)}"]

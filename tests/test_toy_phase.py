@@ -1,7 +1,8 @@
 """A phase is one module (issue 25): a toy phase, written to a file of its own and put in the registry
 (the one line a new phase adds), is parsed from its scenario section with its own keys, minimums and
-checks, runs against the reference server, and shows in the headless summary and in every report format,
-through nothing but what its module declares."""
+checks, runs against the reference server, and shows in the headless summary and in every report format
+(its lines, its section, its turn table, its typed result's key in the JSON), through nothing but what
+its module declares."""
 
 import asyncio
 import importlib.util
@@ -19,7 +20,7 @@ from tui.refserver import start_refserver
 TOY = '''
 from dataclasses import dataclass
 
-from tui.core.report.phase_facts import Section
+from tui.core.report.phase_facts import Section, TurnTable
 from tui.core.soak.results import UNSET, PhaseResult
 
 TITLE = "toy"
@@ -69,6 +70,12 @@ def timing_lines(summary):
 def section(summary):
     return Section("Toy section", "toy", ("repeats hit",), [[str(Result.read(summary).toy_repeats_hit)]],
                    paragraphs=["the toy phase's own paragraph"])
+
+
+def turn_table(summary, settings):
+    repeats = settings["repeats"]
+    return TurnTable("Toy turns", "toy-turns", ["repeat", "of"], [[str(n), str(repeats)] for n in range(repeats)],
+                     list(range(repeats)), [set() for _ in range(repeats)], sentence="toy turns, one a repeat")
 '''
 
 SCENARIO = """
@@ -129,8 +136,11 @@ async def test_the_toy_phase_runs_and_every_report_shows_it(toy, tmp_path, capsy
     assert summary["status"] == "pass" and summary["requests"] == 4 and summary["toy_repeats_hit"] == 3
     markdown = report("markdown")
     assert "### Toy section" in markdown and "the toy phase's own paragraph" in markdown
+    assert "### Toy turns" in markdown and "toy turns, one a repeat." in markdown
     assert "- toy: 3 repeats hit (timing)" in markdown and "| toy |" in markdown
     html = report("html")
     assert '<h3 id="toy">Toy section</h3>' in html and "<td>toy</td>" in html
+    assert '<h3 id="toy-turns">Toy turns</h3>' in html and '<tr data-turn="2">' in html
     assert 'name="toy' in report("junit")
-    assert "toy: 3 repeats hit (console)" in report("text")
+    text = report("text")
+    assert "toy: 3 repeats hit (console)" in text and "toy turns, one a repeat" in text

@@ -20,7 +20,6 @@ from .core.report.power import power_line
 from .core.report.replicas import replica_lines
 from .core.report.progress import ProgressFold, RunProgress, done_text, left_text, power_text, progress_line
 from .core.report.report import RunReport
-from .core.report.turns import HEADERS as TURN_HEADERS, acceptance_sentence, collapsed, turn_rows, agent_turns
 
 SEVERITY_STYLE = {"fail": "bold red", "warn": "yellow", "info": "dim"}
 STATUS_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "running": "cyan",
@@ -200,19 +199,17 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
     percentiles = table_lines(report.latency, report.phases)
     if percentiles:
         lines.append(Text("\n".join(percentiles)))
-    turns = turn_rows(report)
-    if turns:
-        table = Table(title="agent replay, turn by turn", title_justify="left", padding=(0, 1))
-        for column in TURN_HEADERS:                  # two-word headers on two lines: 80 columns wide
-            table.add_column(column.replace(" ", "\n"), justify="left" if column in ("task", "problems") else "right",
-                             no_wrap=column != "problems")
-        for row, turn in zip(turns, agent_turns(report)):
+    for turns in phase_facts.turn_tables(report):
+        table = Table(title=turns.title.lower(), title_justify="left", padding=(0, 1))
+        for i, column in enumerate(turns.headers):    # two-word headers on two lines: 80 columns wide
+            table.add_column(column.replace(" ", "\n"), justify="left" if i in turns.text_columns else "right",
+                             no_wrap=i not in turns.wrap_columns)
+        for row, flagged in zip(turns.rows, turns.flagged):
             styled = [Text(cell) for cell in row]
-            for at, value in ((6, turn.get("acceptance")), (7, (turn.get("control") or {}).get("acceptance"))):
-                if collapsed(report, value):
-                    styled[at].stylize("bold red")
+            for at in flagged:
+                styled[at].stylize("bold red")
             table.add_row(*styled)
-        lines += [table, Text(f"  {acceptance_sentence(report)}")]
+        lines += [table, Text(f"  {turns.sentence}")]
     shown = [f for f in report.findings if show_info or f.severity != "info"]
     if shown:
         lines.append(Text("findings:", style="bold"))

@@ -208,7 +208,7 @@ def to_html(report: RunReport, fold: HtmlFold | None = None) -> str:
         out.append(turns_chart(label, fold.turns.get((phase, "main"), []),
                                fold.turns.get((phase, "control"), []) if hook(phase, "TURNS_CONTROL") else ()))
 
-    out.append(_agent_turns_table(report))
+    out.append(_turn_tables(report))
 
     # timeline
     ordered = sorted(range(len(report.findings)),
@@ -303,27 +303,25 @@ def _replica_rows(report: RunReport) -> list[str]:
     return out
 
 
-def _agent_turns_table(report: RunReport) -> str:
-    """The agent replay turn by turn: tokens, TTFT, problems, and the acceptance length with reuse and
-    in the control arm (a collapsed one in red)."""
-    from .turns import HEADERS, acceptance_sentence, agent_turns, collapsed, turn_rows
+def _turn_tables(report: RunReport) -> str:
+    """A phase's turns, a row each (the agent replay: tokens, TTFT, problems, and the acceptance length
+    with reuse and in the control arm, a collapsed one in red)."""
+    from . import phase_facts
 
-    rows = turn_rows(report)
-    if not rows:
-        return ""
-    out = ['<h3 id="agent-turns">Agent replay, turn by turn</h3><table class="agent-turns"><tr>'
-           + "".join(f"<th>{_e(h)}</th>" for h in HEADERS) + "</tr>"]
-    for row, turn in zip(rows, agent_turns(report)):
-        values = {6: turn.get("acceptance"), 7: (turn.get("control") or {}).get("acceptance")}
-        cells = []
-        for i, cell in enumerate(row):
-            classes = ([] if i in (2, 8) else ["n"]) + (["status-fail"] if collapsed(report, values.get(i)) else [])
-            attrs = f' class="{" ".join(classes)}"' if classes else ""
-            if i in values:
-                attrs += f' data-acceptance="{_e(cell)}"'
-            cells.append(f"<td{attrs}>{_e(cell)}</td>")
-        out.append(f'<tr data-turn="{_e(turn.get("turn"))}">' + "".join(cells) + "</tr>")
-    out.append(f'</table><p class="small">{_e(acceptance_sentence(report))}.</p>')
+    out = []
+    for table in phase_facts.turn_tables(report):
+        out.append(f'<h3 id="{_e(table.anchor)}">{_e(table.title)}</h3><table class="{_e(table.anchor)}"><tr>'
+                   + "".join(f"<th>{_e(h)}</th>" for h in table.headers) + "</tr>")
+        for row, key, flagged in zip(table.rows, table.keys, table.flagged):
+            cells = []
+            for i, cell in enumerate(row):
+                classes = ([] if i in table.text_columns else ["n"]) + (["status-fail"] if i in flagged else [])
+                attrs = f' class="{" ".join(classes)}"' if classes else ""
+                if i in table.data_columns:
+                    attrs += f' data-{table.data_columns[i]}="{_e(cell)}"'
+                cells.append(f"<td{attrs}>{_e(cell)}</td>")
+            out.append(f'<tr data-turn="{_e(key)}">' + "".join(cells) + "</tr>")
+        out.append(f'</table><p class="small">{_e(table.sentence)}.</p>')
     return "".join(out)
 
 

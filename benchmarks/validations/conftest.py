@@ -3,4 +3,7 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+TESTS = Path(__file__).resolve().parents[2] / "tests"
+# the suite's support code, and its test modules by name (tests/PART/test_*.py)
+sys.path[:0] = [str(TESTS)] + sorted(str(d) for d in TESTS.iterdir() if d.is_dir() and d.name not in
+                                     ("support", "fixtures", "__pycache__"))

@@ -1,7 +1,7 @@
 """Long validations of the drafter, moved out of CI (its time budget): the agent replay's matrix row
 with and without the drafter (two more servers), the acceptance per turn in the report, and vLLM's n-gram
 speculation counters (one more vLLM). CI keeps the drafter's counters and the stripped-drafter collapse
-(tests/test_real_drafter.py). Run: see README.md here."""
+(tests/real/test_real_drafter.py). Run: see README.md here."""
 
 import json
 

@@ -1,6 +1,6 @@
 """Long validations on the tiny hybrids served by llama.cpp, moved out of CI (its time budget): the
 cache-option matrix (five servers) and the mix phase on both models. CI keeps the hybrid soak on both
-models and the corrupted-hit cases (tests/test_real_hybrid.py). Run: see README.md here."""
+models and the corrupted-hit cases (tests/real/test_real_hybrid.py). Run: see README.md here."""
 
 import json
 

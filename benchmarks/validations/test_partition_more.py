@@ -2,7 +2,7 @@
 budget): the fault proxies on real answers (the reference server's salt_ignored, adapter_ignored and
 evict_stale faults prove the same detectors in the fast tier) and llama.cpp's clean partition. CI keeps
 one real case per engine: vLLM's clean partition, its batched-base LoRA bug, and
-llama.cpp's base-without-a-lora-field bug (tests/test_real_partition.py). Run: see README.md here."""
+llama.cpp's base-without-a-lora-field bug (tests/real/test_real_partition.py). Run: see README.md here."""
 
 import json
 

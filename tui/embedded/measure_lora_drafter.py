@@ -1,5 +1,5 @@
 """Measure the LoRA adapters and the drafter on a running embedded server (the numbers in
-NOTES-lora-drafter.md come from here; tests/test_real_lora.py and test_real_drafter.py use the
+NOTES-lora-drafter.md come from here; tests/real/test_real_lora.py and test_real_drafter.py use the
 same helpers).
 
     python -m tui.embedded.measure_lora_drafter lora URL --engine vllm|llamacpp [--memo-tokens 1000]

@@ -1,5 +1,5 @@
 """Several reference servers behind a small router, for the fast tests of `--replica` (the claims
-about real routers are shown on vllm-router and sglang-router, tests/test_real_replicas.py).
+about real routers are shown on vllm-router and sglang-router, tests/real/test_real_replicas.py).
 
     cluster = await start_replicas(2, faults={1: "foreign_state"}, policy="round_robin")
     ... cluster.url (the router), cluster.replica_urls, cluster.metrics_url (the router's own counters)

@@ -1,5 +1,5 @@
 """llama.cpp-shaped slot save/restore on the reference server, for the restore phase's fast tests
-(the claims are shown on real llama-servers: tests/test_real_replicas.py).
+(the claims are shown on real llama-servers: tests/real/test_real_replicas.py).
 
     python -m tui.refserver --slot-save-path DIR [--fault slot_noop|slot_trust]
 

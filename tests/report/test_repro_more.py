@@ -246,3 +246,18 @@ async def test_a_restore_finding_reproduces_across_two_servers_and_passes_withou
     done = subprocess.run([SYSTEM_PYTHON, "-I", str(script), "http://127.0.0.1:9"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and "--to" in done.stderr and done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("kind", ["truncated", "short", "magic", "flipped", "scrambled"])
+def test_the_script_damages_a_slot_file_as_the_restore_phase_does(tmp_path, kind):
+    """The script carries its own copy (standard library only): held to the phase's, byte for byte."""
+    from tui.core.report.repro_restore import RESTORE_FLOWS
+    from tui.core.soak.phases.restore import damage
+
+    source = tmp_path / "slot.bin"
+    source.write_bytes(bytes(range(256)) * 64)
+    damage(source, tmp_path / "phase.bin", kind)
+    space: dict = {}
+    flow = RESTORE_FLOWS["bad_restore"]
+    exec(flow[flow.index("def damage("):flow.index("def pinned(")], space)     # the script's own function
+    assert space["damage"](source.read_bytes(), kind) == (tmp_path / "phase.bin").read_bytes()

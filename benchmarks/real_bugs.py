@@ -34,33 +34,15 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from repro_check import check  # noqa: E402  (benchmarks/ is not a package)
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.restore_scenario import restore_scenario  # noqa: E402  (the real tests' restore scenario)
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
 PROFILES = SCENARIOS / "profiles"
 PARTITION = SCENARIOS / "partition-quick.toml"
 NOT_YET = "not yet caught by hitproof's ordinary commands"
 GRACE_S = 90            # after Ctrl-C on a timed-out run: hitproof stops its server within this
-
-# The restore phase as tests/real/test_real_replicas.py runs it (fingerprints: the tiny hybrids cannot recall).
-RESTORE = """[scenario]
-name = "restore-{name}"
-phases = ["restore"]
-[evidence]
-memo_tokens = {tokens}
-codes = {codes}
-fingerprints = true
-fingerprint_tokens = 12
-fingerprint_top_k = 5
-fingerprint_tolerance = 0.05
-recall_max_tokens = 12
-[sampling]
-temperature = 0.0
-seed = 1234
-[phases.restore]
-memo_tokens = {tokens}
-damages = {damages}
-"""
-
 
 def partition(**changes: str) -> Callable[[], str]:
     """partition-quick.toml with some settings changed (key = new TOML value), as the real tests do."""
@@ -75,7 +57,7 @@ def partition(**changes: str) -> Callable[[], str]:
 
 
 def restore(name: str, *, tokens: int, codes: bool, damages: str) -> Callable[[], str]:
-    return lambda: RESTORE.format(name=name, tokens=tokens, codes=str(codes).lower(), damages=damages)
+    return lambda: restore_scenario(name=name, tokens=tokens, codes=codes, damages=damages)
 
 
 @dataclass(frozen=True)

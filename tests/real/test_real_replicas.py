@@ -18,6 +18,7 @@ import asyncio
 import pytest
 
 from support.cli import report_json, run_hitproof, scenario
+from support.restore_scenario import restore_scenario
 from support.corrupting_proxy import CorruptingProxy
 from tui.core.server.launch import ServerProcess
 from tui.embedded import prepare
@@ -37,26 +38,6 @@ slots = 4
 rounds = 3
 memo_tokens = 1100
 """
-RESTORE_CLEAN = """
-[scenario]
-phases = ["restore"]
-[evidence]
-memo_tokens = {tokens}
-codes = {codes}
-fingerprints = true
-fingerprint_tokens = 12
-fingerprint_top_k = 5
-fingerprint_tolerance = 0.05
-recall_max_tokens = 12
-[sampling]
-temperature = 0.0
-seed = 1234
-[phases.restore]
-memo_tokens = {tokens}
-damages = {damages}
-"""
-
-
 async def routing_to(metrics_url: str, workers: list[str], timeout: float = 60.0) -> None:
     """Until the router's own metrics list every worker healthy (it registers them after it answers)."""
     import httpx
@@ -158,7 +139,7 @@ async def test_a_corrupting_proxy_on_one_replica_is_caught_naming_it(set_up, tmp
 
 
 async def restore_run(tmp_path, model, *, codes, damages, tokens):
-    text = RESTORE_CLEAN.format(codes=str(codes).lower(), damages=damages, tokens=tokens)
+    text = restore_scenario(tokens=tokens, codes=codes, damages=damages)
     log = tmp_path / f"{model}.jsonl"
     result = await run_hitproof("run", "--engine", "llamacpp", "--model", model, "--replicas", "2", "--scenario",
                                 str(scenario(tmp_path, text)), "--headless", "--record", str(log), timeout=1500)

@@ -1,0 +1,318 @@
+"""Train a tiny hybrid to read back hitproof's planted codes (issue 33): `qwen3next-recall`.
+
+Run with a python that has torch and transformers (the GPU machine's own; on the CPU it runs, slowly);
+hitproof never imports this file. The examples are hitproof's own: memos from tui.core.evidence.text
+(MemoText, SentenceSource, code_sentence), codes from tui.core.evidence.codes.CodeBook, the prompts the
+scenarios send (recall, summary, determinism, conversation transcripts, the agent replay of
+tui.core.evidence.agent), tokenized with the tiny models' own tokenizer. The loss is on the answers,
+plus a small weight on the memo text itself (so the summary and turn answers are memo-like prose).
+
+    PYTHONPATH=. python3 tui/embedded/recall_train.py --tokenizer DIR --out DIR --layout hybrid \
+        --seed 33 --minutes 7
+
+Lines starting with "train:" are progress; the last line "train-result: {json}" is the outcome. The
+folder written is a Hugging Face folder (bf16 weights, config, tokenizer, train.log, result.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+from tui.core.evidence import agent as agent_text
+from tui.core.evidence.codes import CodeBook, new_nonce
+from tui.core.evidence.text import (RECALL_ANSWER_LEAD, RECALL_QUESTION, MemoText, SentenceSource, code_sentence,
+                                    determinism_suffix, recall_suffix, summary_suffix)
+
+HIDDEN, LAYERS = 128, 8
+# vLLM's CPU gated delta-net kernel takes heads of 128 only (tiny_build.QWEN3NEXT_HEADS["vllm"]); llama.cpp
+# serves these sizes too, so one set of weights serves both engines.
+HEADS = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=128, linear_num_key_heads=1,
+             linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128)
+# Layer layouts tried (issue 33, "recall that needs the state"): with attention in the middle of the stack
+# the copy can be an induction head over the memo's cached keys, which a zeroed recurrent state leaves
+# intact; with attention only in the last layer of each group, or none, the state has to carry the code.
+LAYOUTS = {
+    "hybrid": (["linear_attention"] * 3 + ["full_attention"]) * 2,          # full_attention_interval 4
+    "late": ["linear_attention"] * 7 + ["full_attention"],                 # full_attention_interval 8
+    "recurrent": ["linear_attention"] * 8,                                 # no attention layer
+}
+INTERVAL = {"hybrid": 4, "late": 8, "recurrent": 9}   # llama.cpp: layer i is recurrent unless (i+1) % N == 0
+EOS = 0
+TASKS = (("recall", 0.40), ("recall_suffix", 0.10), ("conversation", 0.15), ("agent", 0.10),
+         ("summary", 0.15), ("determinism", 0.10))
+LM_WEIGHT = 0.1       # weight of the memo text's own tokens against the answer's
+
+
+def say(msg: str) -> None:
+    print(f"train: {msg}", flush=True)
+
+
+# -- examples ----------------------------------------------------------------------------
+
+
+class Examples:
+    """One example: (prompt token ids, answer token ids, lm mask over the prompt)."""
+
+    def __init__(self, tokenizer, seed: int):
+        self.tok = tokenizer
+        self.rng = random.Random(seed)
+        self.codes = CodeBook(random.Random(seed + 1))
+        self.issued = 0
+        # ~tokens per filler sentence with this tokenizer, measured once
+        sample = " ".join(SentenceSource("calibration").next() for _ in range(40))
+        self.per_sentence = len(self.encode(sample)) / 40
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def _code(self) -> str:
+        # A CodeBook never reuses a 4-digit group (a run's codes), so it runs dry after ~2,500 codes:
+        # a fresh book every 500, as every run starts one.
+        self.issued += 1
+        if self.issued % 500 == 0:
+            self.codes = CodeBook(random.Random(self.rng.random()))
+        return self.codes.new_code()
+
+    def memo(self, tokens: int, code: str | None) -> MemoText:
+        r = self.rng
+        memo_id = f"m{r.randrange(100):02d}" + r.choice(["", "-shared", "-rot", "-long", "-ctl", "-det"])
+        m = MemoText(memo_id=memo_id, nonce=new_nonce(), code=code)
+        source = SentenceSource(f"{r.random()}")
+        n = max(4, round(tokens / self.per_sentence))
+        m.sentences = [source.next() for _ in range(n)]
+        if code is not None:
+            position = r.uniform(0.1, 0.9)
+            m.code_index = max(1, min(n - 1, round(n * position)))
+            m.sentences.insert(m.code_index, code_sentence(code))
+        return m
+
+    def filler(self, tokens: int) -> str:
+        source = SentenceSource(f"{self.rng.random()}")
+        return " ".join(source.next() for _ in range(max(1, round(tokens / self.per_sentence))))
+
+    @staticmethod
+    def _section_sentence(m: MemoText, section: int) -> str:
+        i = (section - 1) * m.sentences_per_section
+        return m.sentences[i] if i < len(m.sentences) else m.sentences[0]
+
+    def make(self, task: str, tokens: int) -> tuple[str, str]:
+        """(prompt text, answer text) of about `tokens` prompt tokens."""
+        r = self.rng
+        code = self._code()
+        if task in ("recall", "recall_suffix"):
+            m = self.memo(tokens, code)
+            extra = "\n\n" + self.filler(r.randint(20, 300)) if task == "recall_suffix" else ""
+            return m.render() + extra + recall_suffix(), f" {code}."
+        if task == "summary":
+            m = self.memo(tokens, code)
+            return m.render() + summary_suffix(), " " + self._section_sentence(m, 3)
+        if task == "determinism":
+            m = self.memo(tokens, code)
+            return m.render() + determinism_suffix(), " " + self._section_sentence(m, 1)
+        if task == "conversation":   # tui/core/soak/phases/conversation.py's transcript
+            turns = r.randint(1, 6)
+            turn_tokens = max(40, min(r.randint(60, 500), int(tokens * 0.6 / turns)))
+            m = self.memo(max(64, tokens - turns * turn_tokens), code)
+            transcript = f"{m.render()}\n"
+            for t in range(1, turns + 1):
+                note = self.filler(turn_tokens)
+                team = next((w for w in note.split() if w in ("audit", "logistics", "treasury", "procurement",
+                                                              "payroll", "facilities", "compliance", "inventory",
+                                                              "billing", "vendor", "customs", "archive", "field",
+                                                              "tax")), "audit")
+                transcript += f"\nUser: Note {t}: {note} Which team does note {t} mention first?\nAssistant:"
+                transcript += f" The {team} team."
+            transcript += f"\nUser: {RECALL_QUESTION}\nAssistant: {RECALL_ANSWER_LEAD}"
+            return transcript, f" {code}."
+        if task == "agent":          # tui/core/evidence/agent.py's generator, a recall turn
+            # tool schemas cost ~150 tokens each with this tokenizer: as many as the length allows
+            tools = r.randint(1, max(1, min(25, tokens // 400)))
+            growth = max(40, min(r.randint(60, 400), tokens // 4))
+            turns = max(3, min(12, round((tokens - 150 * tools) / growth)))
+            conv = agent_text.generate(tools=tools, turns=turns, growth_tokens=growth,
+                                       integrity_every=r.randint(2, 4), code=code, seed=f"{r.random()}",
+                                       nonce=new_nonce(), max_tokens=16, recall_max_tokens=20,
+                                       tokens_per_sentence=self.per_sentence)
+            recalls = [t for t in conv.turns if t.task == "recall"]
+            return r.choice(recalls).prompt, f" {code}."
+        raise ValueError(task)
+
+    def tokens(self, task: str, tokens: int) -> tuple[list[int], list[int]]:
+        prompt, answer = self.make(task, tokens)
+        return self.encode(prompt), self.encode(answer) + [EOS]
+
+
+def pick_task(rng: random.Random) -> str:
+    x, acc = rng.random(), 0.0
+    for task, share in TASKS:
+        acc += share
+        if x < acc:
+            return task
+    return TASKS[0][0]
+
+
+# -- model -------------------------------------------------------------------------------
+
+
+def build_model(vocab: int, layout: str, seed: int):
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3NextConfig(
+        vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=256, num_hidden_layers=LAYERS, **HEADS,
+        linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+        shared_expert_intermediate_size=64, decoder_sparse_step=1, layer_types=LAYOUTS[layout],
+        max_position_embeddings=8192, tie_word_embeddings=False, bos_token_id=None, eos_token_id=EOS,
+        pad_token_id=EOS,
+    )
+    return Qwen3NextForCausalLM(cfg)
+
+
+def batch_of(ex: Examples, length: int, budget: int, device):
+    import torch
+
+    rows, width = [], 0
+    while not rows or (len(rows) + 1) * width <= budget:    # padded tokens within the budget
+        prompt, answer = ex.tokens(pick_task(ex.rng), length)
+        if rows and (len(rows) + 1) * max(width, len(prompt) + len(answer)) > budget:
+            break
+        rows.append((prompt, answer))
+        width = max(width, len(prompt) + len(answer))
+    ids = torch.full((len(rows), width), EOS, dtype=torch.long)
+    weight = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, (p, a) in enumerate(rows):
+        seq = p + a
+        ids[i, :len(seq)] = torch.tensor(seq)
+        # weight[t] is the weight of predicting seq[t] from seq[:t]
+        weight[i, 1:len(p)] = LM_WEIGHT
+        weight[i, len(p):len(seq)] = 1.0
+    return ids.to(device), weight.to(device)
+
+
+def loss_of(model, ids, weight):
+    import torch.nn.functional as F
+
+    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+    target, w = ids[:, 1:], weight[:, 1:]
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
+    return (nll * w.reshape(-1)).sum() / w.sum()
+
+
+def evaluate(model, ex: Examples, device, lengths: list[int], per_length: int, tasks=("recall",)) -> dict:
+    """Exact recall by teacher forcing: the answer's code tokens are each the argmax given the prompt and
+    the code so far, which is exactly what greedy decoding would emit. One batched forward per length."""
+    import torch
+
+    model.eval()
+    out = {}
+    with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                                         enabled=device.type == "cuda"):
+        for task in tasks:
+            for length in lengths:
+                rows = []
+                for _ in range(per_length):
+                    prompt, answer = ex.make(task, length)
+                    code = answer.strip().rstrip(".")
+                    rows.append((ex.encode(prompt), ex.encode(" " + code)))
+                exact = 0
+                for i in range(0, len(rows), 8):
+                    chunk = rows[i:i + 8]
+                    width = max(len(p) + len(a) for p, a in chunk)
+                    ids = torch.full((len(chunk), width), EOS, dtype=torch.long)
+                    for j, (p, a) in enumerate(chunk):
+                        ids[j, :len(p) + len(a)] = torch.tensor(p + a)
+                    pred = model(input_ids=ids.to(device), use_cache=False).logits.argmax(-1).cpu()
+                    for j, (p, a) in enumerate(chunk):
+                        exact += bool((pred[j, len(p) - 1:len(p) + len(a) - 1] == torch.tensor(a)).all())
+                out[f"{task}@{length}"] = round(exact / per_length, 4)
+    model.train()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokenizer", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--layout", choices=sorted(LAYOUTS), default="hybrid")
+    p.add_argument("--seed", type=int, default=33)
+    p.add_argument("--minutes", type=float, default=7.0, help="training time budget (evaluation after it)")
+    p.add_argument("--max-steps", type=int, default=100000)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--batch-tokens", type=int, default=65536)
+    p.add_argument("--start-len", type=int, default=64)
+    p.add_argument("--max-len", type=int, default=5000)
+    p.add_argument("--ramp", type=float, default=0.6, help="share of the budget over which lengths grow")
+    p.add_argument("--eval-lengths", default="800,1500,3000,4500,6000")
+    p.add_argument("--eval-n", type=int, default=32)
+    args = p.parse_args()
+
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tok = AutoTokenizer.from_pretrained(str(args.tokenizer))
+    ex = Examples(tok, args.seed)
+    model = build_model(len(tok), args.layout, args.seed).to(device)
+    params = sum(q.numel() for q in model.parameters())
+    say(f"{args.layout}: {params / 1e6:.2f} M parameters on {device}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}; {ex.per_sentence:.1f} tokens per filler sentence")
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    budget_s = args.minutes * 60
+    t0 = time.monotonic()
+    step, log = 0, []
+    while step < args.max_steps:
+        elapsed = time.monotonic() - t0
+        if elapsed > budget_s:
+            break
+        frac = min(1.0, elapsed / (budget_s * args.ramp))
+        top = int(args.start_len + (args.max_len - args.start_len) * frac)
+        length = ex.rng.randint(max(32, top // 4), max(33, top))
+        lr = args.lr * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed / budget_s))))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        ids, weight = batch_of(ex, length, args.batch_tokens, device)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = loss_of(model, ids, weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % 25 == 0 or step == 1:
+            entry = {"step": step, "s": round(elapsed, 1), "len": length, "rows": ids.shape[0],
+                     "loss": round(float(loss.detach()), 4), "lr": round(lr, 6)}
+            log.append(entry)
+            say(json.dumps(entry))
+    train_s = time.monotonic() - t0
+    lengths = [int(x) for x in args.eval_lengths.split(",") if x]
+    scores = evaluate(model, ex, device, lengths, args.eval_n,
+                      tasks=("recall", "recall_suffix", "conversation", "agent"))
+    say(f"exact recall: {json.dumps(scores)}")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(str(args.out), safe_serialization=True)
+    tok.save_pretrained(str(args.out))
+    cfg_path = args.out / "config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg.update({"layer_types": LAYOUTS[args.layout], "full_attention_interval": INTERVAL[args.layout]})
+    cfg_path.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    result = {"layout": args.layout, "parameters": params, "steps": step, "train_seconds": round(train_s, 1),
+              "seed": args.seed, "lr": args.lr, "batch_tokens": args.batch_tokens, "max_len": args.max_len,
+              "torch": torch.__version__, "transformers": transformers.__version__, "device": str(device),
+              "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+              "exact_recall": scores, "command": " ".join(sys.argv)}
+    (args.out / "train.log").write_text("\n".join(json.dumps(e) for e in log) + "\n", encoding="utf-8")
+    (args.out / "result.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    print("train-result: " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

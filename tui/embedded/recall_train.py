@@ -251,6 +251,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--layout", choices=sorted(LAYOUTS), default="hybrid")
     p.add_argument("--seed", type=int, default=33)
+    p.add_argument("--init", type=Path, help="continue from this Hugging Face folder (an earlier run's)")
     p.add_argument("--minutes", type=float, default=7.0, help="training time budget (evaluation after it)")
     p.add_argument("--max-steps", type=int, default=100000)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -270,7 +271,13 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tok = AutoTokenizer.from_pretrained(str(args.tokenizer))
     ex = Examples(tok, args.seed)
-    model = build_model(len(tok), args.layout, args.seed).to(device)
+    if args.init:        # go on from a folder an earlier run wrote (its layout)
+        from transformers import Qwen3NextForCausalLM
+
+        torch.manual_seed(args.seed)
+        model = Qwen3NextForCausalLM.from_pretrained(str(args.init), dtype=torch.float32).to(device)
+    else:
+        model = build_model(len(tok), args.layout, args.seed).to(device)
     params = sum(q.numel() for q in model.parameters())
     say(f"{args.layout}: {params / 1e6:.2f} M parameters on {device}, torch {torch.__version__}, "
         f"transformers {transformers.__version__}; {ex.per_sentence:.1f} tokens per filler sentence")
@@ -318,7 +325,7 @@ def main() -> None:
     cfg.update({"layer_types": LAYOUTS[args.layout], "full_attention_interval": INTERVAL[args.layout]})
     cfg_path.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
     result = {"layout": args.layout, "parameters": params, "steps": step, "train_seconds": round(train_s, 1),
-              "seed": args.seed, "lr": args.lr, "batch_tokens": args.batch_tokens, "max_len": args.max_len,
+              "seed": args.seed, "lr": args.lr, "init": str(args.init) if args.init else None, "batch_tokens": args.batch_tokens, "max_len": args.max_len,
               "torch": torch.__version__, "transformers": transformers.__version__, "device": str(device),
               "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
               "exact_recall": scores, "command": " ".join(sys.argv)}

@@ -32,7 +32,7 @@ def page() -> str:
     lines = [HEAD.format(schema=events.SCHEMA_VERSION),
              "| type | event | read by `report` |", "|---|---|---|"]
     for name, cls in events.EVENT_TYPES.items():
-        lines.append(f"| [`{name}`](#{name.replace('_', '-')}) | `{cls.__name__}` | "
+        lines.append(f"| [`{name}`](#{name}) | `{cls.__name__}` | "
                      f"{'report' if name in FED_TYPES else ''} |")
     lines.append("")
     for name, cls in events.EVENT_TYPES.items():

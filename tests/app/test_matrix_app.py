@@ -1,5 +1,5 @@
 """`hitproof matrix` in the app (no --headless): built by the CLI's factory (matrix_app ->
-build_app(MatrixSource)), driven with Pilot over the reference-server profiles the README names.
+build_app(MatrixSource)), driven with Pilot over the reference-server profiles the manual names (docs/launch.md).
 Rows fill as profiles finish, the running profile is live below them, `enter` on a finished row
 replays its log, `escape` goes back, `q` mid-matrix interrupts and keeps the rows done so far."""
 

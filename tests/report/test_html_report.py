@@ -191,7 +191,7 @@ async def test_foreign_codes_are_marked_at_their_offsets_and_on_the_timeline(log
     assert all("fail" in line.get("class") for line in lines if line.get("stroke") == COLORS["fail"])
     full = screenshot(tmp_path / "foreign.html", tmp_path / "foreign.png", height=3800)
     assert colours(full)[COLORS["fail"]] >= 100
-    # the picture for the README: from the timeline (the first row of the hit-rate line, less its
+    # the picture for the manual (docs/ci.md): from the timeline (the first row of the hit-rate line, less its
     # heading) down through the first findings
     top = first_row_with(full, COLORS["rate"])
     assert top is not None

@@ -28,7 +28,7 @@ memo_tokens = 300
 
 @pytest.fixture(autouse=True)
 def nginx_installed():
-    assert available(), "nginx is not installed: apt-get install -y nginx (.ci/run installs it)"
+    assert available(), "nginx is not installed: `hitproof setup --test-deps` installs it (README command 2 runs it)"
 
 
 @pytest.fixture

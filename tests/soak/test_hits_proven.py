@@ -1,5 +1,5 @@
 """A PASS must prove something (issue 13), shown against the reference server through the real CLI:
-hits proven per request or by the server's counter, never assumed; every README claim judged by a
+hits proven per request or by the server's counter, never assumed; every claim of the manual (docs/verdicts.md) judged by a
 check a fault can fire; a power target reached or the run says by how much it fell short."""
 
 import pytest
@@ -89,7 +89,7 @@ async def test_a_cache_that_matches_token_by_token_passes_clean(tmp_path):
 
 
 CLAIMS = [
-    # fault, the README claim it breaks, the finding that judges it
+    # fault, the manual's claim it breaks, the finding that judges it
     ("slow_hits", "a hit is faster", "hit_not_faster"),
     ("unaligned_report", "a hit covers whole blocks", "hit_not_block_aligned"),
     ("counter_drift", "per-request cached tokens agree with the counter", "hits_disagree"),

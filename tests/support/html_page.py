@@ -80,8 +80,8 @@ def assert_self_contained(page: Page) -> None:
 def chromium() -> str:
     path = shutil.which("chromium")
     if path is None:
-        raise AssertionError("chromium is not installed: apt-get install -y chromium (Debian's package); "
-                             "the HTML report is tested by rendering it")
+        raise AssertionError("chromium is not installed: `hitproof setup --test-deps` installs Debian's "
+                             "package (README command 2 runs it); the HTML report is tested by rendering it")
     return path
 
 

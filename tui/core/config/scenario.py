@@ -19,9 +19,9 @@ class Evidence:
     memo_tokens: int = 1600          # size of the shared memo (phases 1-3)
     block_size: int = 0              # 0: read the grid from the server; else override
     code_position: float = 0.5       # where the code sits, as a fraction of the memo
-    recall_max_tokens: int = 24
-    summary_max_tokens: int = 100
-    turn_max_tokens: int = 32
+    recall_max_tokens: int = 24      # tokens of a recall answer (the code and a few words)
+    summary_max_tokens: int = 100    # tokens of a summary answer
+    turn_max_tokens: int = 32        # tokens of a conversation turn's answer
     codes: bool = True               # plant codes (models that can read them back)
     fingerprints: bool = False       # compare every hit's greedy tokens and log-probabilities with the
                                      # cold run of the same prompt, and with the other memos' (any model)
@@ -35,13 +35,13 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Sampling:
-    temperature: float = 0.0
-    seed: int = 1234
+    temperature: float = 0.0         # 0: greedy (fingerprints need it)
+    seed: int = 1234                 # the sampling seed sent with every request
 
 
 @dataclass(frozen=True)
 class Isolation:
-    k: int = 4
+    k: int = 4                       # runs each way when a request is isolated: k as hits, k cold
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Power:
     """A per-hit fault rate the run must rule out: the rotation phase keeps going (more rounds,
     every hit checked) until enough hits were checked for their own code, or its time is up."""
     fault_rate: float = 0.0          # 0: no target (the report still states the power reached)
-    confidence: float = 0.95
+    confidence: float = 0.95         # the confidence the rate is ruled out at
     budget_s: float = 600.0          # the most the rotation phase may run, planned rounds included
     evidence: str = ""               # "recall" (codes) | "fingerprint"; empty: recall when codes are planted
 
@@ -58,13 +58,13 @@ class Power:
 class Scenario:
     """A scenario: the run's own settings, the shared sections, and each phase's `[phases.NAME]` settings
     (the dataclass its module declares as `Settings`), read as `scenario.NAME`."""
-    name: str = "default"
-    description: str = ""
-    api: str = "completions"
+    name: str = "default"            # the scenario's name (default: its file's name)
+    description: str = ""            # one line: what the scenario is for
+    api: str = "completions"         # "completions" or "chat": the endpoint every phase uses
     model: str = ""                  # empty: the first model the server lists
-    phases: tuple[str, ...] = field(default_factory=default_phases)
+    phases: tuple[str, ...] = field(default_factory=default_phases)   # the phases to run, in order
     seed: int = 7                    # seeds memo text and codes (the run nonce stays random)
-    request_timeout: float = 600.0
+    request_timeout: float = 600.0   # seconds without a byte from the server before a request fails
     evidence: Evidence = field(default_factory=Evidence)
     sampling: Sampling = field(default_factory=Sampling)
     phase_settings: dict[str, Any] = field(default_factory=lambda: {

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Continue training the hybrid layout from the folder an earlier train_recall.sh run returned, carried in
 # .gpu-carry/init/ (with .whl/ and .gpu-carry/tok/ as for train_recall.sh); one process, the whole GPU.
+#   call 3 (2026-12-03): MINUTES=4.6 ARGS="--lr 1.5e-3 --hold 0 --ramp 0.3 --start-len 600 --max-len 4000 --seed 34"
+#   call 4 (2026-12-03): MINUTES=1.3 ARGS="--lr 1e-3 --hold 1 --start-len 1500 --seed 35 --eval-lengths 800,1500,3000"
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 2
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 mkdir -p /tmp/m
-python3 tui/embedded/recall_train.py --tokenizer .gpu-carry/tok --init .gpu-carry/init --out /tmp/m/hybrid2 \
-    --layout hybrid --seed 34 --minutes "${MINUTES:-4.6}" --lr 1.5e-3 --hold 0 --ramp 0.3 --start-len 600 \
-    --max-len 4000 --eval-n 48 > /tmp/m/hybrid2.log 2>&1
-tar czf "${OUT:-/tmp}/hybrid2.tgz" -C /tmp/m hybrid2 hybrid2.log
-grep -E "^train(-result)?:" /tmp/m/hybrid2.log | tail -5
+python3 tui/embedded/recall_train.py --tokenizer .gpu-carry/tok --init .gpu-carry/init --out /tmp/m/more \
+    --layout hybrid --minutes "${MINUTES:-4.6}" --eval-n 16 ${ARGS:-} > /tmp/m/more.log 2>&1
+tar czf "${OUT:-/tmp}/more.tgz" -C /tmp/m more more.log
+grep -E "^train(-result)?:" /tmp/m/more.log | tail -4

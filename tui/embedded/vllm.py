@@ -11,7 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
-from . import lora_adapters, tiny_vllm
+from . import lora_adapters, tiny_vllm, vllm_faults
 from .common import (
     EngineLaunch, Progress, Setup, SetupError, Step, cache_dir, child_env, engine_home,
     model_spec, read_info, venv_python, write_info,
@@ -73,6 +73,12 @@ def prepare(model: str, progress: Progress) -> None:
                 raise s.fail("check vLLM imports", f"unexpected output {' '.join(versions)!r}")
             write_info(ENGINE, {"engine_version": versions[0], "torch": versions[1], "transformers": versions[2]})
 
+        def install_plugin() -> None:
+            # hitproof's in-engine faults (vllm_fault_plugin.py): loaded by every vLLM process, inert
+            # unless HITPROOF_VLLM_FAULT names a fault (the fault profiles set it)
+            wheel = vllm_faults.wheel(engine_home(ENGINE) / "plugin")
+            s.pip("install the fault plugin", venv, "install", "--no-deps", "--force-reinstall", str(wheel))
+
         def convert() -> None:
             _convert(s, f"convert {model}", venv, gguf, hf_dir)
             info = read_info(ENGINE)
@@ -89,6 +95,8 @@ def prepare(model: str, progress: Progress) -> None:
                  check=gguf.is_file),
             Step(f"convert {model}", f"{spec.gguf_name} -> bf16, <bos> patched", convert,
                  check=lambda: (hf_dir / "config.json").is_file()),
+            # last: a new plugin version re-runs this step alone, not the conversion before it
+            Step("install the fault plugin", f"{vllm_faults.DISTRIBUTION} {vllm_faults.version()}", install_plugin),
         ])
 
 

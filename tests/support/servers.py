@@ -7,16 +7,19 @@ drained for as long as the tests run, whatever loop each test uses.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 from tui.core.server.launch import ServerProcess, free_port
 
 
 class BackgroundServer:
-    def __init__(self, engine: str, model: str = "gemma3-270m", *, without: tuple[str, ...] = (), **launch):
+    def __init__(self, engine: str, model: str = "gemma3-270m", *, without: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None, **launch):
         self.engine = engine
         self.model = model
         self.without = without            # flags of the embedded command to leave out
+        self.env = env or {}              # variables added to the server's environment
         self.launch = launch  # launch_spec options: lora=True, drafter=True, small_cache=True, extra_args=(...)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=f"{engine}-server", daemon=True)
@@ -35,7 +38,8 @@ class BackgroundServer:
         self.spec = spec
         self.thread.start()
         argv = [arg for arg in spec.argv if arg not in self.without]
-        self.server = ServerProcess(argv, url=spec.url, env=spec.env)
+        env = {**(spec.env if spec.env is not None else os.environ), **self.env} if self.env else spec.env
+        self.server = ServerProcess(argv, url=spec.url, env=env, keep_lines=20000)  # tests read its output back
         self.url = spec.url
         self._call(self.server.start(), 60)
         try:

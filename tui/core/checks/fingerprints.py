@@ -76,8 +76,13 @@ class FingerprintBook:
 
     def compare(self, run: list[list], own: Fingerprint) -> tuple[FingerprintMatch, dict[str, FingerprintMatch], str,
                                                                    str | None]:
-        """(match with its own, matches with the other memos', verdict, the closer other memo)."""
+        """(match with its own, matches with the other memos', verdict, the closer other memo). A run that
+        matches its own fingerprint is a match whatever the others are (classify_fingerprint): the other
+        memos are compared only when it does not, so a clean hit costs one comparison however many memos
+        are live (at 128 slots, 128 times fewer)."""
         mine = self.match(run, own.logprobs)
+        if mine.matches(self.tolerance):
+            return mine, {}, "match", None
         others = {fp.memo: self.match(run, fp.logprobs) for fp in self.live(own.task) if fp.memo != own.memo}
         verdict, owner = checks.classify_fingerprint(mine, others, self.tolerance, self.tokens)
         return mine, others, verdict, owner

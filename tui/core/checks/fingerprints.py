@@ -43,6 +43,11 @@ class FingerprintBook:
         self.margin = margin
         self._by_prompt: dict[str, Fingerprint] = {}
         self.retired: set[str] = set()
+        # Made once per stored fingerprint and once per pair (issue 34: at 128 slots a round of cold runs
+        # compares every memo with every other, and a phase asks again which pairs are alike): the list
+        # is kept beside its entries so that its id cannot be reused while the entry lives.
+        self._prepared: dict[int, tuple[list, tuple]] = {}
+        self._distinct: dict[tuple[int, int], bool] = {}
 
     def get(self, key: str) -> Fingerprint | None:
         return self._by_prompt.get(key)
@@ -54,9 +59,25 @@ class FingerprintBook:
     def match(self, a: list[list], b: list[list]) -> FingerprintMatch:
         return checks.fingerprint_match(a, b, self.tokens)
 
+    def _ready(self, logprobs: list[list]) -> tuple:
+        kept = self._prepared.get(id(logprobs))
+        if kept is None or kept[0] is not logprobs:
+            kept = self._prepared[id(logprobs)] = (logprobs, checks.fingerprint_prepare(logprobs, self.tokens))
+        return kept[1]
+
+    def _match_stored(self, run: tuple, fp: Fingerprint) -> FingerprintMatch:
+        """match(run, fp.logprobs), with the stored side read once (`run` prepared by the caller)."""
+        return checks.prepared_match(run, self._ready(fp.logprobs))
+
     def distinct(self, a: Fingerprint, b: Fingerprint) -> bool:
-        m = self.match(a.logprobs, b.logprobs)
-        return not (m.same_tokens and m.distance <= self.tolerance + self.margin)
+        ready_a, ready_b = self._ready(a.logprobs), self._ready(b.logprobs)    # both lists now kept alive
+        x, y = id(a.logprobs), id(b.logprobs)
+        key = (x, y) if x <= y else (y, x)          # symmetric: fingerprint_match is
+        known = self._distinct.get(key)
+        if known is None:
+            m = checks.prepared_match(ready_a, ready_b)
+            known = self._distinct[key] = not (m.same_tokens and m.distance <= self.tolerance + self.margin)
+        return known
 
     def add(self, key: str, fingerprint: Fingerprint) -> list[Fingerprint]:
         """Store a cold fingerprint; the live fingerprints of other memos (same question) it is not
@@ -83,7 +104,8 @@ class FingerprintBook:
         mine = self.match(run, own.logprobs)
         if mine.matches(self.tolerance):
             return mine, {}, "match", None
-        others = {fp.memo: self.match(run, fp.logprobs) for fp in self.live(own.task) if fp.memo != own.memo}
+        ready = checks.fingerprint_prepare(run, self.tokens)
+        others = {fp.memo: self._match_stored(ready, fp) for fp in self.live(own.task) if fp.memo != own.memo}
         verdict, owner = checks.classify_fingerprint(mine, others, self.tolerance, self.tokens)
         return mine, others, verdict, owner
 
@@ -95,7 +117,7 @@ class FingerprintBook:
             for b in fps[i + 1:]:
                 if a.task != b.task or a.memo == b.memo:
                     continue
-                m = self.match(a.logprobs, b.logprobs)
+                m = checks.prepared_match(self._ready(a.logprobs), self._ready(b.logprobs))
                 key = (m.agreeing, -m.distance)
                 if best is None or key > (best.agreeing, -best.distance):
                     best = Closest(a.task, a.memo, b.memo, m.agreeing, m.distance, self.distinct(a, b))

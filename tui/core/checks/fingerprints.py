@@ -101,10 +101,10 @@ class FingerprintBook:
         matches its own fingerprint is a match whatever the others are (classify_fingerprint): the other
         memos are compared only when it does not, so a clean hit costs one comparison however many memos
         are live (at 128 slots, 128 times fewer)."""
-        mine = self.match(run, own.logprobs)
+        ready = checks.fingerprint_prepare(run, self.tokens)
+        mine = self._match_stored(ready, own)
         if mine.matches(self.tolerance):
             return mine, {}, "match", None
-        ready = checks.fingerprint_prepare(run, self.tokens)
         others = {fp.memo: self._match_stored(ready, fp) for fp in self.live(own.task) if fp.memo != own.memo}
         verdict, owner = checks.classify_fingerprint(mine, others, self.tolerance, self.tokens)
         return mine, others, verdict, owner

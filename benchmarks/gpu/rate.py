@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
-import statistics
 import random
 import resource
 import subprocess
@@ -93,7 +93,7 @@ def quantile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def ttft_added(h: list[float], r: list[float]) -> dict:

@@ -21,7 +21,8 @@ Steps:
                     stopped first), in its own session so it outlives the call; wait until it answers
   soak DTYPE        serve DTYPE, then each of ITEMS below (hitproof from this checkout, `python3 -m tui`),
                     then benchmarks/gpu/rate.py; the server stays up between calls
-  wide DTYPE        serve DTYPE, then rate.py --scenario gpu-quick --power 0.3% at each width of
+  wide DTYPE        serve DTYPE, gpu-quick (64 slots, 1% target) clean and through the proxy's fp_foreign
+                    and fp_zero, then rate.py --scenario gpu-quick --power 0.3% at each width of
                     HPGPU_WIDTHS (default 4,32,128), one width at a time (each skipped once done), the
                     table rows appended to results/rate-wide.md (issue 34)
   stop              stop the server
@@ -83,6 +84,13 @@ ITEMS = [
     ("mix", "scenarios/mix-quick.toml", None, "clean"),
     # default's power target (1% at 95%: 299 checked hits) on the hybrid's evidence: how long it takes here
     ("power", "scenarios/hybrid-quick.toml --power 1%", None, "clean"),
+]
+# `wide` (issue 34): gpu-quick, rotation 64 slots and default's 1% target: clean must pass, the proxy's
+# faults must still be caught at that width; then rate.py by width.
+WIDE_ITEMS = [
+    ("wide_clean", "scenarios/gpu-quick.toml", None, "clean"),
+    ("wide_fp_foreign", "scenarios/gpu-quick.toml", "fp_foreign", "fail"),
+    ("wide_fp_zero", "scenarios/gpu-quick.toml", "fp_zero", "fail"),
 ]
 ITEM_TIMEOUT_S = 300
 T0 = time.monotonic()
@@ -479,6 +487,8 @@ def wide(dtype: str) -> None:
     0.3% target (about 1,000 requests a width: CPU per request over at least 1,000)."""
     url = serve(dtype)
     RESULTS.mkdir(parents=True, exist_ok=True)
+    for name, scenario, mode, expect in WIDE_ITEMS:
+        soak_item(dtype, url, name, scenario, mode, expect)
     widths = [w for w in os.environ.get("HPGPU_WIDTHS", "4,32,128").split(",") if w]
     for width in widths:
         key = f"wide-{dtype}-{width}"

@@ -95,3 +95,22 @@ def test_width_problem_reads_what_the_server_states():
     line = width_problem(s, {}, {"total_slots": 8})             # llama.cpp --parallel 8
     assert "serves 8 at once" in line and "8 fit" in line
     assert width_problem(s, {"num_gpu_blocks": "junk", "block_size": "16"}, {"total_slots": "x"}) is None
+
+
+async def test_mix_at_16_streams_runs_16_workers_on_a_larger_pool(tmp_path):
+    handle = await start_refserver(port=0)
+    try:
+        log = tmp_path / "run.jsonl"
+        result = await run_hitproof("run", "--attach", handle.url, "--scenario", "mix-quick", "--streams", "16",
+                                    "--headless", "--record", str(log))
+    finally:
+        await handle.close()
+    assert result.code == 0, result.out + result.err
+    report = report_json(log)
+    assert not kinds(report, "fail"), report["findings"]
+    events = [json.loads(line) for line in open(log)]
+    start = next(e for e in events if e["type"] == "phase_start" and e["phase"] == "mix")
+    assert start["slots"] == 16
+    header = events[0]
+    mix = header["scenario"]["settings"]["mix"]
+    assert mix["workers"] == 16 and mix["memos"] >= 18

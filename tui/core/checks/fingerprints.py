@@ -47,7 +47,7 @@ class FingerprintBook:
         # compares every memo with every other, and a phase asks again which pairs are alike): the list
         # is kept beside its entries so that its id cannot be reused while the entry lives.
         self._prepared: dict[int, tuple[list, tuple]] = {}
-        self._distinct: dict[tuple[int, int], bool] = {}
+        self._pairs: dict[tuple[int, int], FingerprintMatch] = {}
 
     def get(self, key: str) -> Fingerprint | None:
         return self._by_prompt.get(key)
@@ -69,15 +69,19 @@ class FingerprintBook:
         """match(run, fp.logprobs), with the stored side read once (`run` prepared by the caller)."""
         return checks.prepared_match(run, self._ready(fp.logprobs))
 
-    def distinct(self, a: Fingerprint, b: Fingerprint) -> bool:
+    def _pair(self, a: Fingerprint, b: Fingerprint) -> FingerprintMatch:
+        """match(a.logprobs, b.logprobs), once per pair (the comparison is symmetric)."""
         ready_a, ready_b = self._ready(a.logprobs), self._ready(b.logprobs)    # both lists now kept alive
         x, y = id(a.logprobs), id(b.logprobs)
-        key = (x, y) if x <= y else (y, x)          # symmetric: fingerprint_match is
-        known = self._distinct.get(key)
+        key = (x, y) if x <= y else (y, x)
+        known = self._pairs.get(key)
         if known is None:
-            m = checks.prepared_match(ready_a, ready_b)
-            known = self._distinct[key] = not (m.same_tokens and m.distance <= self.tolerance + self.margin)
+            known = self._pairs[key] = checks.prepared_match(ready_a, ready_b)
         return known
+
+    def distinct(self, a: Fingerprint, b: Fingerprint) -> bool:
+        m = self._pair(a, b)
+        return not (m.same_tokens and m.distance <= self.tolerance + self.margin)
 
     def add(self, key: str, fingerprint: Fingerprint) -> list[Fingerprint]:
         """Store a cold fingerprint; the live fingerprints of other memos (same question) it is not
@@ -117,7 +121,7 @@ class FingerprintBook:
             for b in fps[i + 1:]:
                 if a.task != b.task or a.memo == b.memo:
                     continue
-                m = checks.prepared_match(self._ready(a.logprobs), self._ready(b.logprobs))
+                m = self._pair(a, b)
                 key = (m.agreeing, -m.distance)
                 if best is None or key > (best.agreeing, -best.distance):
                     best = Closest(a.task, a.memo, b.memo, m.agreeing, m.distance, self.distinct(a, b))

@@ -88,13 +88,11 @@ async def test_a_bad_width_is_exit_2(tmp_path, bad):
 
 def test_width_problem_reads_what_the_server_states():
     s = load_scenario(GPU_QUICK)                                 # rotation 64 slots of 1,200 tokens
-    assert width_problem(s, {}, None) is None                    # nothing stated: nothing checked
-    assert width_problem(s, {"num_gpu_blocks": "4800", "block_size": "16"}, None) is None     # 64 x 75 blocks
-    line = width_problem(s, {"num_gpu_blocks": "4799", "block_size": "16"}, None)
+    assert width_problem(s, {}) is None                          # nothing stated: nothing checked
+    assert width_problem(s, {"num_gpu_blocks": "4800", "block_size": "16"}) is None     # 64 x 75 blocks
+    line = width_problem(s, {"num_gpu_blocks": "4799", "block_size": "16"})
     assert line.startswith("rotation: 64 slots") and "63 fit" in line
-    line = width_problem(s, {}, {"total_slots": 8})             # llama.cpp --parallel 8
-    assert "serves 8 at once" in line and "8 fit" in line
-    assert width_problem(s, {"num_gpu_blocks": "junk", "block_size": "16"}, {"total_slots": "x"}) is None
+    assert width_problem(s, {"num_gpu_blocks": "junk", "block_size": "16"}) is None
 
 
 async def test_mix_at_16_streams_runs_16_workers_on_a_larger_pool(tmp_path):

@@ -9,7 +9,9 @@ What a server states:
     on a hybrid model an upper bound: its recurrent state takes blocks too). vLLM does not state its
     `max_num_seqs` (the requests it serves at once) in /metrics, /version or /v1/models: a width above
     it is queued, not refused, and shows as a lower request rate, not here.
-  - llama.cpp: `/props` total_slots (its --parallel): requests beyond it wait for a slot.
+  - llama.cpp: `/props` total_slots (its --parallel): requests beyond it wait for a slot, and its RAM
+    prompt cache (--cache-ram) keeps more prompts than slots: a wider rotation still proves hits (it
+    exercises that cache's restores), so it is not refused.
 Each slot needs at least its memo's blocks (ceil(memo_tokens / block_size), the question and the answer
 not counted): a lower bound, so a width refused here cannot fit, and one let through may still be tight.
 Nothing stated, nothing checked (the run goes on; a cache too small shows as hits missed)."""
@@ -40,17 +42,13 @@ def widths(scenario) -> list[tuple[str, int, int]]:
     return out
 
 
-def width_problem(scenario, cache_config: dict | None, props: dict | None) -> str | None:
+def width_problem(scenario, cache_config: dict | None) -> str | None:
     """One line saying which width the server cannot hold and the width that fits; None when it fits
     or the server states nothing to check it against."""
     labels = cache_config or {}
     blocks, size = _int(labels.get("num_gpu_blocks")), _int(labels.get("block_size"))
-    total_slots = _int((props or {}).get("total_slots"))
     for what, slots, tokens in widths(scenario):
         flag = "--streams" if what == "rotation" else f"[phases.{what}] workers"
-        if total_slots and slots > total_slots:
-            return (f"{what}: {slots} concurrent slots, but the server serves {total_slots} at once (/props "
-                    f"total_slots): {total_slots} fit ({flag} {total_slots}, or start it with more --parallel)")
         if blocks and size:
             per_slot = math.ceil(tokens / size)
             fit = blocks // per_slot
@@ -63,7 +61,7 @@ def width_problem(scenario, cache_config: dict | None, props: dict | None) -> st
 
 def admit_width(scenario, info):
     """The server's info, once its width is known to fit; else exit 2 with one line (HitproofError)."""
-    problem = width_problem(scenario, info.cache_config, (info.facts or {}).get("props"))
+    problem = width_problem(scenario, info.cache_config)
     if problem is not None:
         raise HitproofError(problem)
     return info

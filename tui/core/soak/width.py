@@ -2,7 +2,7 @@
 
 A rotation round keeps every slot's memo in the cache at once and lands each slot on blocks another slot
 wrote the round before: the memos of all the slots must stay cached between rounds, and the slots must be
-served at the same time. The mix phase's workers draw from a pool that must stay cached the same way.
+served at the same time. The mix phase's workers each hold a prompt (a memo and its turns) at once.
 
 What a server states:
   - vLLM: `vllm:cache_config_info` labels num_gpu_blocks and block_size (the KV cache's size in blocks;

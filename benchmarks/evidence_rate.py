@@ -93,17 +93,23 @@ def record_main(bodies: Path, hitproof_argv: list[str]) -> int:
 
     from tui.cli import main as hitproof
     from tui.core.server import client as client_module
-    from tui.core.log.events import EventBus, RequestStarted
+    from tui.core.log.events import EventBus, RequestStarted, RunFinished
 
     current: contextvars.ContextVar[int | None] = contextvars.ContextVar("hp_bench_request", default=None)
     sending: contextvars.ContextVar[dict | None] = contextvars.ContextVar("hp_bench_sending", default=None)
     kept: list[dict] = []
     emit, body, stream = EventBus.emit, client_module.OpenAIClient.body, client_module.OpenAIClient.stream
 
+    steady: dict = {}          # CPU seconds of this process at the first request and at the run's end
+
     def emit_noting(self, event):
         out = emit(self, event)
         if isinstance(event, RequestStarted):
             current.set(event.request)
+            steady.setdefault("cpu_first_request", time.process_time())
+            steady["requests"] = steady.get("requests", 0) + 1
+        elif isinstance(event, RunFinished):
+            steady["cpu_run_end"] = time.process_time()
         return out
 
     def body_kept(self, spec):
@@ -134,6 +140,15 @@ def record_main(bodies: Path, hitproof_argv: list[str]) -> int:
         with bodies.open("w") as out:
             for entry in kept:
                 out.write(json.dumps(entry) + "\n")
+        if "cpu_first_request" in steady and "cpu_run_end" in steady:
+            # start-up (imports, discovery, memo sizing before the first request) and shutdown excluded
+            steady["cpu_s"] = steady["cpu_run_end"] - steady["cpu_first_request"]
+        steady_path(bodies).write_text(json.dumps(steady))
+
+
+def steady_path(bodies: Path) -> Path:
+    """Where record mode keeps its steady-state CPU seconds (first request to run end)."""
+    return bodies.with_name(bodies.name + ".cpu.json")
 
 
 # --- replay: the raw client --------------------------------------------------------------------------
@@ -222,14 +237,27 @@ async def replay(plan: dict) -> dict:
         wire.append(b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
                     b"accept: text/event-stream\r\ncontent-length: %d\r\n\r\n%s" % (port, len(body), body))
     done = [asyncio.Event() for _ in reqs]
+    # Before any clock: request i waits for what request i-1 waited for (ready[i-1]) and for its own new
+    # deps only, when those contain i-1's (they do: the requests finished before a start only grow).
+    # The same waits as the full lists, without thousands of checks per request in a wide run.
+    ready = [asyncio.Event() for _ in reqs]
+    waits: list[tuple[bool, list[int]]] = []
+    for i, r in enumerate(reqs):
+        mine, before = set(r["deps"]), set(reqs[i - 1]["deps"]) if i else set()
+        chained = bool(i) and before <= mine
+        waits.append((chained, sorted(mine - before) if chained else list(r["deps"])))
     results: list[dict] = [{} for _ in reqs]
     pool = Pool(port)
     await pool.fill(max(1, plan.get("max_in_flight", 1)))
     state = {"in_flight": 0, "max_in_flight": 0}
 
     async def one(i: int) -> None:
-        for j in reqs[i]["deps"]:
+        chained, deps = waits[i]
+        if chained:
+            await ready[i - 1].wait()
+        for j in deps:
             await done[j].wait()
+        ready[i].set()
         state["in_flight"] += 1
         state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
         try:
@@ -239,7 +267,7 @@ async def replay(plan: dict) -> dict:
         state["in_flight"] -= 1
         done[i].set()
 
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     await asyncio.gather(*(one(i) for i in range(len(reqs))))
     seconds = time.monotonic() - started
     pool.close()
@@ -251,7 +279,9 @@ async def replay(plan: dict) -> dict:
         out.append({"key": r["key"], "ttft": res.get("ttft"), "error": res.get("error"),
                     "resent": res.get("resent", False),
                     "cached": int(cached[-1]) if cached else None, "prompt_tokens": int(prompt[-1]) if prompt else None})
-    return {"requests": out, "seconds": seconds, "max_in_flight": state["max_in_flight"]}
+    # CPU from the first request to the last one parsed (its start-up, the connections, excluded)
+    return {"requests": out, "seconds": seconds, "max_in_flight": state["max_in_flight"],
+            "cpu_s": time.process_time() - cpu_started}
 
 
 def replay_main(plan_path: Path, result_path: Path) -> int:

@@ -3,6 +3,8 @@ soak, not the server, may be the limit").
 
     python3 benchmarks/gpu/rate.py --attach http://127.0.0.1:8321                      # hybrid-quick
     python3 benchmarks/gpu/rate.py --attach URL --scenario scenarios/mix-quick.toml --out DIR
+    python3 benchmarks/gpu/rate.py --attach URL --scenario gpu-quick --streams 4,32,128 --power 0.3% \
+        --results benchmarks/RESULTS.md                                                 # issue 34
 
 Runs against any server already running (the GPU run's vLLM, the reference server, ...):
 
@@ -21,12 +23,25 @@ checked hits per minute (hits compared with their own cold fingerprint or asked 
 need at that rate for default's power target (299 checked hits: a 1% per-hit fault rate ruled out at
 95%). The last stdout line is one JSON object; everything is also kept in --out (default
 logs/rate-STAMP/). Exit 0 measured, 3 a soak or the replay failed.
+
+With `--streams 4,32,128` (issue 34) the pair H, R runs once per width, H as `hitproof run --streams N`
+(rotation N slots wide, the mix phase N workers), each into --out/streams-N/; beside the figures above:
+CPU per request of both with start-up excluded (H: the hitproof process's CPU seconds from its first
+request to its run_end event, over the requests it sent; R: from the replay's first request to its last
+one parsed; "n" says over how many requests: the issue asks for at least 1,000, `--power 0.3%` makes
+gpu-quick long enough), the TTFT median and p99 hitproof adds (its distribution's minus the raw
+client's, the same requests), and the seconds of soak to default's target at H's checked-hit rate.
+One table row per width is printed and, with --results FILE, appended to FILE under a dated heading
+with the machine (benchmarks/RESULTS.md keeps them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import platform
 import random
 import resource
 import subprocess
@@ -73,13 +88,41 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def measure(url: str, scenario: str, out: Path, timeout: float) -> dict:
+def quantile(values: list[float], q: float) -> float | None:
+    """The q-quantile (nearest rank) of values; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def ttft_added(h: list[float], r: list[float]) -> dict:
+    """Median and p99 of hitproof's TTFTs minus the raw client's, over the same requests (ms)."""
+    out = {"n_hitproof": len(h), "n_raw": len(r)}
+    for name, q in (("median", 0.5), ("p99", 0.99)):
+        a, b = quantile(h, q), quantile(r, q)
+        out[f"hitproof_{name}_ms"] = None if a is None else a * 1000
+        out[f"raw_{name}_ms"] = None if b is None else b * 1000
+        out[f"added_{name}_ms"] = None if a is None or b is None else (a - b) * 1000
+    return out
+
+
+def steady_cpu(bodies: Path) -> dict:
+    """H's CPU seconds from its first request to its run_end (record mode's sidecar), and over how many."""
+    path = evidence_rate.steady_path(bodies)
+    facts = json.loads(path.read_text()) if path.is_file() else {}
+    return {"cpu_s": facts.get("cpu_s"), "requests": facts.get("requests")}
+
+
+def measure(url: str, scenario: str, out: Path, timeout: float, streams: int | None = None,
+            power: str | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     log, bodies = out / "H.jsonl", out / "H.bodies.jsonl"
-    say(f"H: hitproof run --attach {url} --scenario {scenario} (bodies kept)")
+    extra = (["--streams", str(streams)] if streams else []) + (["--power", power] if power else [])
+    say(f"H: hitproof run --attach {url} --scenario {scenario} {' '.join(extra)} (bodies kept)")
     code, wall, cpu = timed_child([sys.executable, str(ROOT / "benchmarks" / "evidence_rate.py"), "record", str(bodies),
                                    "--", "run", "--attach", url, "--scenario", scenario, "--headless", "--record",
-                                   str(log)], timeout, out / "H.console.txt")
+                                   str(log), *extra], timeout, out / "H.console.txt")
     if code not in (0, 1, 4) or not log.is_file():
         raise evidence_rate.Problem(f"soak H ended with exit {code}: {evidence_rate.tail_of(out / 'H.console.txt')}")
     report = json.loads(subprocess.run([sys.executable, "-m", "tui", "report", str(log), "--format", "json"],
@@ -114,8 +157,19 @@ def measure(url: str, scenario: str, out: Path, timeout: float) -> dict:
                 "seconds": round(replay_s, 2), "cpu_s": round(cpu_r, 2), "requests_per_s": per(len(raw), replay_s),
                 "hits_per_min": per(hits_r * 60, replay_s), "cpu_s_per_request": per(cpu_r, len(raw)),
                 "max_in_flight": replay["max_in_flight"]},
-        "plan": plan_facts,
+        "plan": plan_facts, "streams": streams, "power": power,
     }
+    steady = steady_cpu(bodies)
+    h_ttft = [e["ttft"] for e in facts["ends"].values() if e.get("ttft") is not None]
+    r_ttft = [x["ttft"] for x in raw if x.get("ttft") is not None and not x["key"].startswith("probe")]
+    result["hitproof"].update({"steady_cpu_s": steady["cpu_s"], "steady_requests": steady["requests"],
+                               "steady_cpu_s_per_request": per(steady["cpu_s"], steady["requests"])})
+    result["raw"].update({"steady_cpu_s": replay.get("cpu_s"),
+                          "steady_cpu_s_per_request": per(replay.get("cpu_s"), len(raw))})
+    result["steady_cpu_ratio"] = per(result["hitproof"]["steady_cpu_s_per_request"],
+                                     result["raw"]["steady_cpu_s_per_request"])
+    result["ttft"] = ttft_added(h_ttft, r_ttft)
+    result["seconds_to_default_target"] = per(DEFAULT_TARGET * 60, result["hitproof"]["checked_per_min"])
     h, r = result["hitproof"], result["raw"]
     result["rate_ratio"] = per(h["requests_per_s"], r["requests_per_s"])
     result["hits_per_min_ratio"] = per(h["hits_per_min"], r["hits_per_min"])
@@ -130,8 +184,65 @@ def measure(url: str, scenario: str, out: Path, timeout: float) -> dict:
         f"{fmt(per(cpu_r * 1000, len(raw)))} ms ({cpu_r:.1f} s); ratio {fmt(per(h['cpu_s_per_request'], r['cpu_s_per_request']), 1)}")
     say(f"default's target ({DEFAULT_TARGET} checked hits) at this rate: "
         f"{fmt(result['minutes_to_default_target'], 2)} min of soak (goal: within 1 min)")
+    hs, rs = result["hitproof"], result["raw"]
+    say(f"CPU per request, start-up excluded: hitproof {fmt(per(hs['steady_cpu_s'], 1e-3 * (hs['steady_requests'] or 0)), 2)} "
+        f"ms over {hs['steady_requests']} requests, raw client {fmt(per(rs['steady_cpu_s'], 1e-3 * len(raw)), 2)} ms over "
+        f"{len(raw)}; ratio {fmt(result['steady_cpu_ratio'], 2)} (goal: at most 2, over at least 1,000 requests)")
+    t = result["ttft"]
+    say(f"TTFT added by hitproof: median {fmt(t['added_median_ms'], 2)} ms, p99 {fmt(t['added_p99_ms'], 2)} ms "
+        f"(hitproof {fmt(t['hitproof_median_ms'], 2)} / {fmt(t['hitproof_p99_ms'], 2)} ms, raw "
+        f"{fmt(t['raw_median_ms'], 2)} / {fmt(t['raw_p99_ms'], 2)} ms)")
     (out / "result.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+COLUMNS = ("streams", "requests H / R", "requests/s H / R", "ratio", "hits/min H / R", "ratio",
+           "CPU ms/request H / R (start-up excluded)", "ratio", "TTFT added median / p99 ms", "s to 1% target")
+
+
+def table_row(r: dict) -> str:
+    h, w, t = r["hitproof"], r["raw"], r["ttft"]
+    cells = [str(r.get("streams") or "scenario"), f"{h['requests']} / {w['requests']}",
+             f"{fmt(h['requests_per_s'])} / {fmt(w['requests_per_s'])}", fmt(r["rate_ratio"], 3),
+             f"{fmt(h['hits_per_min'], 0)} / {fmt(w['hits_per_min'], 0)}", fmt(r["hits_per_min_ratio"], 3),
+             f"{fmt(per(h['steady_cpu_s'], 1e-3 * (h['steady_requests'] or 0)), 2)} / "
+             f"{fmt(per(w['steady_cpu_s'], 1e-3 * w['requests']), 2)}", fmt(r["steady_cpu_ratio"], 2),
+             f"{fmt(t['added_median_ms'], 2)} / {fmt(t['added_p99_ms'], 2)}", fmt(r["seconds_to_default_target"], 1)]
+    return "| " + " | ".join(cells) + " |"
+
+
+def table(results: list[dict]) -> str:
+    return "\n".join(["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
+                      *(table_row(r) for r in results)])
+
+
+def machine() -> str:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{platform.node() or 'this machine'}: {os.cpu_count()} cores, Python {platform.python_version()}, " \
+           f"{platform.system()} {platform.release()}, load average {load}"
+
+
+def append_results(path: Path, results: list[dict], url: str, scenario: str, power: str | None) -> None:
+    section = (f"\n## rate.py by width (issue 34), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
+               f"`benchmarks/gpu/rate.py --attach {url} --scenario {scenario}"
+               f"{' --power ' + power if power else ''} --streams "
+               f"{','.join(str(r.get('streams')) for r in results)}` on {machine()}. H is hitproof, R the raw "
+               f"client replaying H's requests at H's concurrency, in the same run; CPU from the first request "
+               f"to the last (start-up excluded).\n\n{table(results)}\n")
+    with path.open("a") as f:
+        f.write(section)
+
+
+def parse_streams(text: str | None) -> list[int | None]:
+    if not text:
+        return [None]
+    try:
+        widths = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise evidence_rate.Problem(f"--streams takes widths like 4,32,128 (got {text!r})", 2) from None
+    if not widths or any(not 2 <= w <= 256 for w in widths):
+        raise evidence_rate.Problem(f"--streams: every width between 2 and 256 (got {text!r})", 2)
+    return widths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,17 +250,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attach", required=True, metavar="URL", help="a running server (http://127.0.0.1:PORT)")
     parser.add_argument("--scenario", default=str(ROOT / "scenarios" / "hybrid-quick.toml"),
                         help="the scenario soaked (default: %(default)s)")
+    parser.add_argument("--streams", metavar="N,N,...", help="widths, each its own H and R: hitproof run --streams N")
+    parser.add_argument("--power", metavar="RATE", help="hitproof run --power RATE (a lower rate: more requests)")
+    parser.add_argument("--results", metavar="FILE", help="append the table, dated, with the machine, to FILE")
     parser.add_argument("--out", metavar="DIR", help="where logs and result.json go (default logs/rate-STAMP/)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds each of H and R may take (default %(default)g)")
     args = parser.parse_args(argv)
     url = args.attach.rstrip("/").removesuffix("/v1")
     out = Path(args.out) if args.out else ROOT / "logs" / f"rate-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        result = measure(url, args.scenario, out, args.timeout)
+        widths = parse_streams(args.streams)
+        results = [measure(url, args.scenario, out / f"streams-{n}" if n else out, args.timeout, n, args.power)
+                   for n in widths]
     except evidence_rate.Problem as exc:
         print(f"rate: error: {exc}", file=sys.stderr)
         return exc.code
-    print(json.dumps(result), flush=True)
+    for line in table(results).splitlines():
+        say(line)
+    if args.results:
+        append_results(Path(args.results), results, url, args.scenario, args.power)
+    print(json.dumps(results[0] if len(results) == 1 else {"widths": results}), flush=True)
     return 0
 
 

@@ -21,6 +21,10 @@ Steps:
                     stopped first), in its own session so it outlives the call; wait until it answers
   soak DTYPE        serve DTYPE, then each of ITEMS below (hitproof from this checkout, `python3 -m tui`),
                     then benchmarks/gpu/rate.py; the server stays up between calls
+  wide DTYPE        serve DTYPE, gpu-quick (64 slots, 1% target) clean and through the proxy's fp_foreign
+                    and fp_zero, then rate.py --scenario gpu-quick --power 0.3% at each width of
+                    HPGPU_WIDTHS (default 4,32,128), one width at a time (each skipped once done), the
+                    table rows appended to results/rate-wide.md (issue 34)
   stop              stop the server
   status            markers, pieces, server
 
@@ -80,6 +84,13 @@ ITEMS = [
     ("mix", "scenarios/mix-quick.toml", None, "clean"),
     # default's power target (1% at 95%: 299 checked hits) on the hybrid's evidence: how long it takes here
     ("power", "scenarios/hybrid-quick.toml --power 1%", None, "clean"),
+]
+# `wide` (issue 34): gpu-quick, rotation 64 slots and default's 1% target: clean must pass, the proxy's
+# faults must still be caught at that width; then rate.py by width.
+WIDE_ITEMS = [
+    ("wide_clean", "scenarios/gpu-quick.toml", None, "clean"),
+    ("wide_fp_foreign", "scenarios/gpu-quick.toml", "fp_foreign", "fail"),
+    ("wide_fp_zero", "scenarios/gpu-quick.toml", "fp_zero", "fail"),
 ]
 ITEM_TIMEOUT_S = 300
 T0 = time.monotonic()
@@ -471,6 +482,42 @@ def rate(dtype: str, url: str) -> None:
     mark(key)
 
 
+def wide(dtype: str) -> None:
+    """rate.py by width (issue 34): hitproof and the raw client at 4, 32 and 128 streams, gpu-quick with a
+    0.3% target (about 1,000 requests a width: CPU per request over at least 1,000)."""
+    url = serve(dtype)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for name, scenario, mode, expect in WIDE_ITEMS:
+        soak_item(dtype, url, name, scenario, mode, expect)
+    widths = [w for w in os.environ.get("HPGPU_WIDTHS", "4,32,128").split(",") if w]
+    for width in widths:
+        key = f"wide-{dtype}-{width}"
+        if done(key):
+            say(f"wide {dtype}", f"{width} streams done before: skipped")
+            continue
+        if left_s() < 120:
+            raise Stop(f"wide {dtype}: the call's time budget is spent: run the same command again", 3)
+        out = RESULTS / f"{dtype}-wide-{width}"
+        console_path = RESULTS / f"{dtype}-wide-{width}.console.txt"
+        say(f"wide {dtype}", f"benchmarks/gpu/rate.py --streams {width} --out {out}")
+        with console_path.open("wb") as console:
+            proc = subprocess.run([sys.executable, str(HERE / "rate.py"), "--attach", url, "--out", str(out),
+                                   "--scenario", str(ROOT / "scenarios" / "gpu-quick.toml"), "--power", "0.3%",
+                                   "--streams", width, "--results", str(RESULTS / "rate-wide.md"),
+                                   "--timeout", str(max(60, (left_s() - 30) / 2))], cwd=ROOT, env=hitproof_env(),
+                                  stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT)
+        lines = console_path.read_text(errors="replace").strip().splitlines()
+        summary = [line for line in lines if line.startswith("[rate]")][-10:]
+        with (RESULTS / "verdicts.txt").open("a") as f:
+            f.write("".join(f"{dtype} wide {width}: {line}\n" for line in summary)
+                    or f"{dtype} wide {width}: exit {proc.returncode}\n")
+        for line in summary[-4:]:
+            say(f"wide {dtype}", line)
+        if proc.returncode != 0:
+            raise Stop(f"wide {dtype} {width}: exit {proc.returncode}: {lines[-1] if lines else ''}")
+        mark(key)
+
+
 def chosen_items(server: str = "bf16") -> list:
     """HPGPU_ITEMS=clean,mix runs those items alone (and no rate): a call with little device time left.
     A matrix row runs `clean` alone."""
@@ -531,7 +578,8 @@ def pack() -> None:
         say("pack", f"{dest}/results.tar.gz ({size / 2**20:.1f} MiB) and summary.txt")
 
 
-STEPS = {"collect": 0, "assemble": 0, "install": 0, "serve": 1, "soak": 1, "stop": 0, "status": 0, "pack": 0}
+STEPS = {"collect": 0, "assemble": 0, "install": 0, "serve": 1, "soak": 1, "wide": 1, "stop": 0, "status": 0,
+         "pack": 0}
 
 
 def parse(argv: list[str]) -> list[list[str]] | None:
@@ -561,6 +609,8 @@ def run_step(step: list[str]) -> None:
         serve(args[0])
     elif name == "soak":
         soak(args[0])
+    elif name == "wide":
+        wide(args[0])
     elif name == "stop":
         stop_server()
     elif name == "status":

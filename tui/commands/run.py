@@ -66,6 +66,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      help="a per-hit fault rate the run must rule out, e.g. 1%% or 0.01 (overrides the scenario's "
                           "[power] fault_rate): rotation keeps going until enough hits were checked, or its "
                           "budget is spent (then exit 4)")
+    cmd.add_argument("--streams", type=int, metavar="N",
+                     help="concurrent slots of the rotation phase (and workers of the mix phase), overriding the "
+                          "scenario: each slot its own memo, so a foreign code stays unambiguous across a round "
+                          "(2 to 256; `hitproof size --streams` says what a width buys)")
     cmd.set_defaults(func=run)
     return cmd
 
@@ -131,6 +135,8 @@ def _run_inputs(args):
                                                                           fault_rate=parse_rate(args.power)))
     if args.seed is not None:
         scenario = dataclasses.replace(scenario, seed=args.seed)
+    if getattr(args, "streams", None) is not None:
+        scenario = with_streams(scenario, args.streams)
     plan = None
     if args.profile:
         from ..embedded import placeholders
@@ -194,6 +200,18 @@ def _run_app(start, record, err: Console) -> int:
     if record:
         err.print(f"log: {record}")
     return code
+
+
+def with_streams(scenario, streams: int):
+    """The scenario with rotation `streams` slots wide (its memos one per slot) and the mix phase's
+    `streams` workers over a pool that stays larger than them."""
+    if not 2 <= streams <= 256:
+        raise HitproofError(f"--streams must be between 2 and 256 (got {streams})")
+    settings = dict(scenario.phase_settings)
+    settings["rotation"] = dataclasses.replace(settings["rotation"], slots=streams)
+    mix = settings["mix"]
+    settings["mix"] = dataclasses.replace(mix, workers=streams, memos=max(mix.memos, streams + 2))
+    return dataclasses.replace(scenario, phase_settings=settings)
 
 
 def parse_rate(text: str) -> float:

@@ -309,6 +309,40 @@ def fingerprint_match(run: list[list], fingerprint: list[list], tokens: int) -> 
     return FingerprintMatch(agreeing, same, round(deviations[0], 6), round(deviations[1], 6))
 
 
+def fingerprint_prepare(run: list[list], tokens: int) -> tuple:
+    """A run's first `tokens` positions as (chosen token, entries) pairs, made once: a fingerprint
+    compared with many runs (FingerprintBook) is not re-read each time. prepared_match(prepare(a),
+    prepare(b)) == fingerprint_match(a, b) (tests/checks/test_fingerprint_prepared.py holds them equal;
+    fingerprint_match stays as it is: the repro script carries its source)."""
+    return tuple((x[0], _entries(x)) for x in run[:tokens])
+
+
+def prepared_match(a: tuple, b: tuple) -> FingerprintMatch:
+    agreeing = 0
+    first = second = 0.0         # the two largest per-position deviations
+    shared = False
+    for (xa, mine), (yb, theirs) in zip(a, b):
+        here = 0.0
+        for tok in mine.keys() & theirs.keys():
+            m, t = mine[tok], theirs[tok]
+            if tok != xa and tok != yb and max(m, t) < ALTERNATIVE_FLOOR:
+                continue
+            shared = True
+            if abs(m - t) > here:
+                here = abs(m - t)
+        if here > first:
+            first, second = here, first
+        elif here > second:
+            second = here
+        if xa != yb:
+            break
+        agreeing += 1
+    same = agreeing == len(a) == len(b)
+    if not shared:
+        return FingerprintMatch(agreeing, same, float("inf"), float("inf"))
+    return FingerprintMatch(agreeing, same, round(first, 6), round(second, 6))
+
+
 def classify_fingerprint(own: FingerprintMatch, others: dict[str, FingerprintMatch],
                          tolerance: float, tokens: int = 12) -> tuple[str, str | None]:
     """("match", None) | ("foreign_state", memo) when another memo's fingerprint is closer than the

@@ -43,6 +43,11 @@ class FingerprintBook:
         self.margin = margin
         self._by_prompt: dict[str, Fingerprint] = {}
         self.retired: set[str] = set()
+        # Made once per stored fingerprint and once per pair (issue 34: at 128 slots a round of cold runs
+        # compares every memo with every other, and a phase asks again which pairs are alike): the list
+        # is kept beside its entries so that its id cannot be reused while the entry lives.
+        self._prepared: dict[int, tuple[list, tuple]] = {}
+        self._pairs: dict[tuple[int, int], FingerprintMatch] = {}
 
     def get(self, key: str) -> Fingerprint | None:
         return self._by_prompt.get(key)
@@ -54,8 +59,28 @@ class FingerprintBook:
     def match(self, a: list[list], b: list[list]) -> FingerprintMatch:
         return checks.fingerprint_match(a, b, self.tokens)
 
+    def _ready(self, logprobs: list[list]) -> tuple:
+        kept = self._prepared.get(id(logprobs))
+        if kept is None or kept[0] is not logprobs:
+            kept = self._prepared[id(logprobs)] = (logprobs, checks.fingerprint_prepare(logprobs, self.tokens))
+        return kept[1]
+
+    def _match_stored(self, run: tuple, fp: Fingerprint) -> FingerprintMatch:
+        """match(run, fp.logprobs), with the stored side read once (`run` prepared by the caller)."""
+        return checks.prepared_match(run, self._ready(fp.logprobs))
+
+    def _pair(self, a: Fingerprint, b: Fingerprint) -> FingerprintMatch:
+        """match(a.logprobs, b.logprobs), once per pair (the comparison is symmetric)."""
+        ready_a, ready_b = self._ready(a.logprobs), self._ready(b.logprobs)    # both lists now kept alive
+        x, y = id(a.logprobs), id(b.logprobs)
+        key = (x, y) if x <= y else (y, x)
+        known = self._pairs.get(key)
+        if known is None:
+            known = self._pairs[key] = checks.prepared_match(ready_a, ready_b)
+        return known
+
     def distinct(self, a: Fingerprint, b: Fingerprint) -> bool:
-        m = self.match(a.logprobs, b.logprobs)
+        m = self._pair(a, b)
         return not (m.same_tokens and m.distance <= self.tolerance + self.margin)
 
     def add(self, key: str, fingerprint: Fingerprint) -> list[Fingerprint]:
@@ -76,9 +101,15 @@ class FingerprintBook:
 
     def compare(self, run: list[list], own: Fingerprint) -> tuple[FingerprintMatch, dict[str, FingerprintMatch], str,
                                                                    str | None]:
-        """(match with its own, matches with the other memos', verdict, the closer other memo)."""
-        mine = self.match(run, own.logprobs)
-        others = {fp.memo: self.match(run, fp.logprobs) for fp in self.live(own.task) if fp.memo != own.memo}
+        """(match with its own, matches with the other memos', verdict, the closer other memo). A run that
+        matches its own fingerprint is a match whatever the others are (classify_fingerprint): the other
+        memos are compared only when it does not, so a clean hit costs one comparison however many memos
+        are live (at 128 slots, 128 times fewer)."""
+        ready = checks.fingerprint_prepare(run, self.tokens)
+        mine = self._match_stored(ready, own)
+        if mine.matches(self.tolerance):
+            return mine, {}, "match", None
+        others = {fp.memo: self._match_stored(ready, fp) for fp in self.live(own.task) if fp.memo != own.memo}
         verdict, owner = checks.classify_fingerprint(mine, others, self.tolerance, self.tokens)
         return mine, others, verdict, owner
 
@@ -90,7 +121,7 @@ class FingerprintBook:
             for b in fps[i + 1:]:
                 if a.task != b.task or a.memo == b.memo:
                     continue
-                m = self.match(a.logprobs, b.logprobs)
+                m = self._pair(a, b)
                 key = (m.agreeing, -m.distance)
                 if best is None or key > (best.agreeing, -best.distance):
                     best = Closest(a.task, a.memo, b.memo, m.agreeing, m.distance, self.distinct(a, b))

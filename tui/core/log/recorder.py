@@ -116,8 +116,9 @@ class Recorder:
     async def _flush(self, lines: list[bytes]) -> None:
         data = b"".join(lines)
         try:
-            await self._file.write(data)
-            await self._file.flush()
+            # one hop to the file's thread per batch, not two (write, then flush): the file's buffer is
+            # always empty between batches, so the batch goes straight to its raw file, all of it
+            await asyncio.get_running_loop().run_in_executor(None, _write_all, self._file.raw, data)
         except OSError:
             self.written += self._landed(data)
             raise
@@ -170,6 +171,16 @@ class Recorder:
                 await self._file.close()
             except OSError:
                 pass                                   # the failure is already the report
+
+
+def _write_all(raw, data: bytes) -> None:
+    """Every byte of data to the raw file (a raw write may take part of it), or OSError."""
+    view = memoryview(data)
+    while view:
+        written = raw.write(view)
+        if written is None:                     # non-blocking and not ready: a regular file never is
+            raise OSError(errno.EAGAIN, "the log file took no bytes")
+        view = view[written:]
 
 
 def check_writable(path: str | Path) -> None:

@@ -12,6 +12,7 @@ are not strictly independent (a broken restore may fail in bursts), so read the 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from .fmt import pct
@@ -95,6 +96,30 @@ def sizing_sentence(fault_rate: float, probability: float = 0.95, slots: int = 4
             f"must check {n} hits: {rounds_needed(fault_rate, probability, slots)} rotation rounds at {slots} "
             f"slots for foreign codes ({slots} checked hits a round after the cold round 0), "
             f"{rounds_needed(fault_rate, probability, recall_slots)} for recall ({recall_slots} a round).")
+
+
+@dataclass(frozen=True)
+class WidthRow:
+    """What one rotation width buys toward a power target (issue 34: `hitproof size --streams`)."""
+    slots: int
+    checked_per_round: int         # hits checked a round after the cold round 0
+    rounds: int                    # rounds to the target, round 0 included
+    requests: int                  # rounds x slots
+    seconds: float | None          # requests / the measured requests per second (None: no rate given)
+
+
+def width_rows(fault_rate: float, probability: float, widths: list[int], rates: list[float] | None = None,
+               every_slot: bool = True) -> list[WidthRow]:
+    """One row per width. `every_slot`: every slot's hit is checked (fingerprints, or recall asked on every
+    slot as quick and gpu-quick do); else recall on every other slot. `rates`: requests per second measured
+    at each width (one value: the same for all); the seconds are rounds x slots / rate."""
+    rows = []
+    for i, slots in enumerate(widths):
+        per_round = slots if every_slot else max(1, (slots + 1) // 2)
+        rounds = rounds_needed(fault_rate, probability, per_round)
+        rate = (rates[i] if len(rates) > 1 else rates[0]) if rates else None
+        rows.append(WidthRow(slots, per_round, rounds, rounds * slots, rounds * slots / rate if rate else None))
+    return rows
 
 
 def proven_hit(e) -> bool:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
-import random
-import sys
+import random, sys, time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -29,6 +27,7 @@ from ..evidence.tokens import TokenCounter
 from ..checks.verdicts import exit_code, run_verdict
 from ..server.restarts import RestartWatch
 from .cluster import ClusterView
+from .width import admit_width
 
 DEFAULT_GRID = 16
 
@@ -240,7 +239,7 @@ class SoakEngine:
         return Outcome(verdict, code, message)
 
     async def _run_phases(self) -> Outcome:
-        info = await self._discover()
+        info = admit_width(self.scenario, await self._discover())    # a width it cannot hold: exit 2
         tokenizer = self.cluster.set.clients[0] if self.cluster else self.client
         counter = TokenCounter(
             (lambda text: tokenizer.tokenize(text, info.model)) if info.tokenizer == "server" else None)

@@ -31,10 +31,9 @@ CHAT_TEMPLATE_TOKENS = 8      # turn markers a chat template puts before the fir
 
 
 class Requester:
-    """What phases use: make memos, send requests, judge them. It owns request numbering.
-
-    It knows the run only through its SoakContext (no engine): the client, the event stream, the
-    registry of codes, the pause gate, the server's metrics and checkpoint lines, the evidence tally."""
+    """What phases use: make memos, send requests, judge them. It owns request numbering. It knows the run
+    only through its SoakContext (no engine): the client, the event stream, the registry of codes, the
+    pause gate, the server's metrics and checkpoint lines, the evidence tally."""
 
     def __init__(self, ctx: SoakContext, counter: TokenCounter):
         self.ctx = ctx
@@ -57,15 +56,13 @@ class Requester:
         self.long_memo: Memo | None = None
         # Without per-request cached tokens, the server's counter is attributed to requests in
         # windows between quiet moments (tui.core.soak.proof).
-        self.windows = (CounterWindows(ctx.scrape, server.cached_counter,
-                                       server.cached_queries or None)
+        self.windows = (CounterWindows(ctx.scrape, server.cached_counter, server.cached_queries or None)
                         if server.cached_report == "counter" and server.cached_counter else None)
         self._tolerances: dict[tuple[str, str], int] = {}
         # Behind a router: each request's replica, from the response or from the replicas' counters.
         self.replicas = ctx.replicas
-        self.replica_windows = (ReplicaWindows(ctx.replica_scrape)
-                                if self.replicas is not None and server.replica_attribution == "counter"
-                                and ctx.replica_scrape is not None else None)
+        self.replica_windows = (ReplicaWindows(ctx.replica_scrape) if self.replicas is not None and ctx.replica_scrape
+                                is not None and server.replica_attribution == "counter" else None)
         self._served_memos: dict[int, set[str]] = {}          # replica -> memo ids it has served
         self.in_flight = 0                 # requests streaming right now (any arm)
         # A prompt with no run nonce (a user's captured conversation): a cache that matches token by
@@ -78,10 +75,8 @@ class Requester:
         in blocks this is below one block and changes nothing; on one that matches token by token
         (llama.cpp, SGLang's radix cache) a fresh memo does reuse them. Counted with the server's
         tokenizer when it has one (the count includes the BOS token it adds)."""
-        if spec.prompt is not None:
-            text = spec.prompt
-        else:
-            text = "\n".join(str(m.get("content") or "") for m in spec.messages or [])
+        text = spec.prompt if spec.prompt is not None else \
+            "\n".join(str(m.get("content") or "") for m in spec.messages or [])
         at = text.find(self.nonce)
         if at < 0:
             return self.fallback_tolerance
@@ -101,14 +96,24 @@ class Requester:
 
     async def memo(self, state: PhaseState, *, tokens: int, with_code: bool = True, slot: int | None = None,
                    tag: str = "") -> Memo:
-        self._next_memo += 1
-        memo_id = f"m{self._next_memo:02d}{('-' + tag) if tag else ''}"
-        code = self.new_code() if with_code and self.scenario.evidence.codes else None
-        memo = await build_memo(self.counter, memo_id=memo_id, nonce=self.nonce, code=code,
-                                target_tokens=tokens, grid=self.server.grid,
-                                code_position=self.scenario.evidence.code_position, seed=self.scenario.seed)
-        self.register_memo(state, memo, slot=slot)
-        return memo
+        return (await self.memos(state, [(tokens, slot, tag)], with_code=with_code))[0]
+
+    async def memos(self, state: PhaseState, wanted: list[tuple[int, int | None, str]], *,
+                    with_code: bool = True) -> list[Memo]:
+        """A memo for each (tokens, slot, tag): ids and codes drawn in order, sized at once (a wide rotation's
+        128 memos are not sized one after another), planted in order."""
+        drawn = []
+        for tokens, slot, tag in wanted:
+            self._next_memo += 1
+            drawn.append((f"m{self._next_memo:02d}{('-' + tag) if tag else ''}", tokens, slot,
+                          self.new_code() if with_code and self.scenario.evidence.codes else None))
+        built = list(await asyncio.gather(*(build_memo(
+            self.counter, memo_id=memo_id, nonce=self.nonce, code=code, target_tokens=tokens, grid=self.server.grid,
+            code_position=self.scenario.evidence.code_position, seed=self.scenario.seed)
+            for memo_id, tokens, _, code in drawn)))
+        for memo, (_, _, slot, _) in zip(built, drawn):
+            self.register_memo(state, memo, slot=slot)
+        return built
 
     def register_memo(self, state: PhaseState, memo: Memo, slot: int | None = None) -> None:
         """Put the memo's code in the registry and the memo on the event stream."""
@@ -332,9 +337,7 @@ class Requester:
         return named_by_response(self.replicas.replicas, completion.model, completion.headers)
 
     def _note_replica(self, record: Record) -> None:
-        if self.replicas is None:
-            return
-        if record.replica is None or record.memo is None or record.replica_source == "direct":
+        if self.replicas is None or record.replica is None or record.memo is None or record.replica_source == "direct":
             return
         served = self._served_memos.setdefault(record.replica, set())
         record.routed_away = not record.hit and record.memo.memo_id not in served and any(
@@ -362,8 +365,7 @@ class Requester:
             record.findings.append((kind, severity))
             if severity in ("fail", "warn"):
                 self._flagged[record.request] = record
-        self.emit(Finding(
-            kind=kind, severity=severity, phase=state.name,
+        self.emit(Finding(kind=kind, severity=severity, phase=state.name,
             slot=record.slot if record else None, round=record.round if record else None,
             request=record.request if record else None, offset=offset, detail=detail,
             memo=record.memo.memo_id if record and record.memo else None, evidence=evidence,
@@ -378,8 +380,7 @@ class Requester:
     def metrics_available(self) -> bool:
         return self.ctx.metrics_available
 
-    async def scrape(self):
-        """The server's metrics now (not recorded as an event); None when it has none."""
+    async def scrape(self):     # the server's metrics now (not recorded as an event); None when it has none
         return await self.ctx.scrape()
 
     def checked(self, evidence: str) -> tuple[int, int]:

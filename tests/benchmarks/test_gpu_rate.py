@@ -1,0 +1,69 @@
+"""benchmarks/gpu/rate.py by width (issue 34) against the reference server: each width its own hitproof
+soak (`--streams N`) and raw replay, CPU per request with start-up excluded for both, the TTFT hitproof
+adds, the seconds to default's target, and the table appended to --results. No timing is asserted: what
+is checked is that every figure is measured from what it says (the real numbers: benchmarks/RESULTS.md)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import evidence_rate  # noqa: E402
+import rate  # noqa: E402
+
+from test_evidence_rate import refserver, start, stop  # noqa: E402,F401  (the module's server fixture)
+
+
+def test_quantiles_and_the_ttft_added():
+    assert rate.quantile([], 0.5) is None
+    assert rate.quantile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert rate.quantile([float(i) for i in range(1, 101)], 0.99) == 99.0
+    added = rate.ttft_added([0.010, 0.012, 0.020], [0.009, 0.010, 0.011])
+    assert added["added_median_ms"] == pytest.approx(2.0) and added["added_p99_ms"] == pytest.approx(9.0)
+    assert rate.ttft_added([], [0.1])["added_median_ms"] is None
+
+
+@pytest.mark.parametrize("text", ["1", "4,x", "300", ""])
+def test_bad_widths_are_exit_2(text):
+    if not text:
+        assert rate.parse_streams(text) == [None]
+        return
+    with pytest.raises(evidence_rate.Problem) as caught:
+        rate.parse_streams(text)
+    assert caught.value.code == 2
+
+
+def test_two_widths_measured_side_by_side(refserver, tmp_path):
+    text = (ROOT / "scenarios" / "gpu-quick.toml").read_text().replace(
+        'phases = ["cold_hit", "conversation", "shared_concurrency", "rotation", "long_prompt", "determinism", "control"]',
+        'phases = ["rotation"]').replace("fault_rate = 0.01 ", "fault_rate = 0.0 ")
+    scenario = tmp_path / "wide.toml"
+    scenario.write_text(text)
+    results = tmp_path / "RESULTS.md"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "rate.py"), "--attach", refserver,
+                           "--scenario", str(scenario), "--streams", "4,6", "--out", str(tmp_path / "out"),
+                           "--results", str(results)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    widths = json.loads(done.stdout.strip().splitlines()[-1])["widths"]
+    assert [w["streams"] for w in widths] == [4, 6]
+    for w in widths:
+        h, r = w["hitproof"], w["raw"]
+        out = tmp_path / "out" / f"streams-{w['streams']}"
+        log = evidence_rate.read_log(out / "H.jsonl")
+        assert h["requests"] == len(log["order"]) == h["steady_requests"]        # every request sent, counted
+        assert r["requests"] == h["requests"] + 1                                 # and the cache-report probe
+        assert w["plan"]["original_max_in_flight"] == w["streams"] == r["max_in_flight"]
+        assert 0 < h["steady_cpu_s"] <= h["cpu_s"] and 0 < r["steady_cpu_s"] <= r["cpu_s"]   # start-up excluded
+        assert w["steady_cpu_ratio"] == pytest.approx(h["steady_cpu_s_per_request"] / r["steady_cpu_s_per_request"])
+        assert w["ttft"]["n_hitproof"] == h["requests"] and w["ttft"]["n_raw"] == h["requests"]
+        assert w["seconds_to_default_target"] == pytest.approx(299 * 60 / h["checked_per_min"])
+    table = results.read_text()
+    assert table.count("## rate.py by width (issue 34)") == 1 and "--streams 4,6" in table
+    assert [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "streams" not in line] \
+        == ["4", "6"]

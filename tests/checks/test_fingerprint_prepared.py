@@ -1,0 +1,51 @@
+"""The prepared fingerprint comparison (issue 34: read a stored fingerprint once, not once per run) gives
+exactly what fingerprint_match gives, on random runs with shared and missing alternatives, ties, floors."""
+
+import random
+
+from tui.core.checks.detectors import fingerprint_match, fingerprint_prepare, prepared_match
+from tui.core.checks.fingerprints import Fingerprint, FingerprintBook
+
+
+def run(rng: random.Random, n: int) -> list[list]:
+    out = []
+    for _ in range(n):
+        tok = rng.choice("abcde")
+        lp = rng.choice([None, round(rng.uniform(-6, 0), 3)])
+        alts = [[rng.choice("abcdef"), rng.choice([None, round(rng.uniform(-8, 0), 3)])] for _ in range(rng.randint(0, 4))]
+        out.append([tok, lp, alts])
+    return out
+
+
+def test_prepared_match_equals_fingerprint_match():
+    rng = random.Random(34)
+    for _ in range(4000):
+        a, b = run(rng, rng.randint(0, 14)), run(rng, rng.randint(0, 14))
+        if rng.random() < 0.3:
+            b = [list(x) for x in a]             # the same tokens, often the same numbers
+            for x in b:
+                if x[1] is not None and rng.random() < 0.3:
+                    x[1] = round(x[1] + rng.uniform(-0.2, 0.2), 3)
+        tokens = rng.randint(1, 12)
+        assert prepared_match(fingerprint_prepare(a, tokens), fingerprint_prepare(b, tokens)) == \
+            fingerprint_match(a, b, tokens)
+
+
+def test_book_answers_as_before_with_its_caches():
+    rng = random.Random(7)
+    book = FingerprintBook(tokens=8, tolerance=0.5)
+    fps = [Fingerprint(memo=f"m{i}", task="recall", request=0, logprobs=run(rng, 8)) for i in range(12)]
+    fps.append(Fingerprint(memo="twin", task="recall", request=0, logprobs=[list(x) for x in fps[0].logprobs]))
+    for i, fp in enumerate(fps):
+        book.add(f"k{i}", fp)
+    for a in fps:
+        for b in fps:
+            m = fingerprint_match(a.logprobs, b.logprobs, 8)
+            assert book.distinct(a, b) == (not (m.same_tokens and m.distance <= 0.5))
+    assert not book.distinct(fps[0], fps[-1])
+    probe = [list(x) for x in fps[3].logprobs]
+    mine, others, verdict, _ = book.compare(probe, fps[3])
+    assert verdict == "match" and others == {}          # a match needs no other memo compared
+    mine, others, verdict, owner = book.compare(fps[5].logprobs, fps[3])
+    assert set(others) == {fp.memo for fp in fps if fp.memo != "m3"}
+    assert others["m5"] == fingerprint_match(fps[5].logprobs, fps[5].logprobs, 8)

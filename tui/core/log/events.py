@@ -181,6 +181,10 @@ class FingerprintCompared(Event):
     distance: float = 0.0       # largest log-probability difference from it (nats)
     closest: str | None = None  # for foreign_state: the memo whose fingerprint it matches
     second: float = 0.0         # the second-largest per-position difference (nats; absent in older logs)
+    # the hit's whole greedy answer against its cold run's (issue 32): True the same, False different,
+    # None not compared (no cold text, another max_tokens, or a phase that compares its own); absent in older logs
+    text_same: bool | None = None
+    phase: str = ""             # the phase the hit belongs to ("" in older logs)
 
 
 @dataclass

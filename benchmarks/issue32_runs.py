@@ -66,9 +66,9 @@ async def main() -> int:
     await server.start()
     try:
         await server.wait_ready(spec.startup_timeout)
-        for mode in a.modes.split(","):
+        for i, mode in enumerate(a.modes.split(",")):
             proxy = await CorruptingProxy(spec.url, mode).start() if mode != "none" else None
-            log = out / f"{label}-{a.scenario}-{mode}.jsonl"
+            log = out / f"{label}-{a.scenario}-{mode}-{i}.jsonl"
             started = time.monotonic()
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "tui", "run", "--attach", proxy.url if proxy else spec.url,
@@ -77,12 +77,12 @@ async def main() -> int:
             text, _ = await proc.communicate()
             if proxy is not None:
                 await proxy.close()
-            (out / f"{label}-{a.scenario}-{mode}.out").write_bytes(text)
+            (out / f"{label}-{a.scenario}-{mode}-{i}.out").write_bytes(text)
             s = summarize(log)
             s.update(exit=proc.returncode, seconds=round(time.monotonic() - started),
                      corrupted=proxy.corrupted if proxy else 0)
-            results[mode] = s
-            print(json.dumps({mode: s}, indent=1), flush=True)
+            results[f"{mode}-{i}"] = s
+            print(json.dumps({f"{mode}-{i}": s}, indent=1), flush=True)
     finally:
         await server.stop()
     (out / f"summary-{label}-{a.scenario}.json").write_text(json.dumps(results, indent=1))

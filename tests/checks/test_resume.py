@@ -33,8 +33,8 @@ def test_not_on_a_grid_nothing_is_excused_whatever_was_measured():
 def test_the_bound_is_the_margin_times_the_measured_cost_within_tolerance_and_ceiling():
     tol = 0.05
     c = calibration(True, "align", tol, [pair(0.02, 0.03), pair(0.03, 0.06)], 3)
-    assert c.measured == 0.03 and math.isclose(c.bound, RESUME_MARGIN * 0.03)       # 0.09, within 0.05..0.2
-    assert c.explains(0.09) and not c.explains(0.0901)
+    assert c.measured == 0.03 and math.isclose(c.bound, RESUME_MARGIN * 0.03)       # 0.135, within 0.05..0.2
+    assert c.explains(0.135) and not c.explains(0.1351)
     assert math.isclose(calibration(True, "align", tol, [pair(0.001)], 3).bound, tol)   # floor: the tolerance
     # a fault that moves every restore, the calibration's too, cannot raise it beyond the ceiling
     assert math.isclose(calibration(True, "align", tol, [pair(0.4, 0.4)], 3).bound, RESUME_FACTOR * tol)
@@ -54,9 +54,9 @@ def test_a_calibration_hit_that_changes_a_decisive_token_voids_the_calibration()
 
 
 def test_a_flip_is_resuming_only_within_the_calibrated_bound():
-    c = calibration(True, "align", 0.05, [pair(0.03)], 3)       # bound 0.09: flips up to 0.27 behind
+    c = calibration(True, "align", 0.05, [pair(0.02)], 3)       # bound 0.09: flips up to 0.27 behind
     assert c.explains_flip(LogprobComparison(7, 0.05, 0.27))
-    assert not c.explains_flip(LogprobComparison(7, 0.05, 0.28))
+    assert not c.explains_flip(LogprobComparison(7, 0.05, 0.271))
     assert not c.explains_flip(LogprobComparison(7, 0.05, None))   # not among the cold top-k: never
 
 
@@ -70,9 +70,9 @@ def test_a_pair_measures_its_fingerprint_and_where_its_whole_answer_parts():
 
 
 def test_the_report_says_the_cost_the_bound_and_the_margin():
-    c = calibration(True, "align", 0.05, [pair(0.03)], 3)
+    c = calibration(True, "align", 0.05, [pair(0.02)], 3)
     d = c.to_dict()
-    assert d["measured"] == 0.03 and math.isclose(d["bound"], 0.09) and math.isclose(d["margin"], 3.0)
+    assert d["measured"] == 0.02 and math.isclose(d["bound"], 0.09) and math.isclose(d["margin"], 4.5)
     assert d["allowed"] and d["ceiling"] == 0.2 and d["floor"] == 0.05 and len(d["pairs"]) == 1
-    assert "margin 3x" in c.words()
+    assert "margin 4.5x" in c.words()
     assert "nothing is put down" in calibration(False, "attention only", 0.5, [], 0).words()

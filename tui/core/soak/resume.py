@@ -24,6 +24,7 @@ Pure apart from `ResumeBook.ensure`, which sends the calibration through the Req
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -199,13 +200,16 @@ class ResumeBook:
 async def _calibrate(rq, state) -> Calibration:
     e = rq.scenario.evidence
     grid, why = grid_restore(rq.server.cache_config, rq.ctx.checkpoints_seen() if hasattr(rq, "ctx") else False)
-    if not grid or not e.fingerprints:
-        return Calibration(grid, why if e.fingerprints else "no fingerprints to calibrate with", e.fingerprint_tolerance,
-                           void="" if grid else "")
+    if not grid:
+        return Calibration(grid, why, e.fingerprint_tolerance)
     pairs: list[Pair] = []
     for i in range(CALIBRATION_PROMPTS):
         memo = await rq.memo(state, tokens=e.memo_tokens, tag=f"resume{i}")
-        spec = rq.question(memo.text, "summary")
+        # its own log-probabilities, whether or not the scenario compares fingerprints (determinism and mix
+        # consult twins too)
+        spec = dataclasses.replace(rq.question(memo.text, "summary", logprobs=e.fingerprint_top_k or 5,
+                                               max_tokens=max(e.fingerprint_tokens, min(e.summary_max_tokens, 32))),
+                                   temperature=0.0)      # greedy, whatever the scenario samples with
         where = dict(task="summary", memo=memo, arm="control")
         cold = await rq.send(state, spec, expect="cold", **where)
         if not cold.cold or not cold.completion.logprobs:

@@ -39,8 +39,8 @@ class Judge:
     async def judge(self, state: PhaseState, record: Record, expect: str, judges: tuple[str, ...],
                     control: bool = True, fingerprints: bool = True) -> None:
         """Judge a main-arm request: foreign codes at once; hit-path problems against a cold control."""
-        if record.hit and self.twins.calibration is None:
-            self.twins.calibration = await self.resume.ensure(self.rq, state)
+        if record.hit and self.twins.calibration is None:     # a judge used without the engine's calibrate()
+            await self.calibrate(state)
         single_groups = self._foreign_codes(state, record)
         self._expectations(state, record, expect)
         if control and fingerprints and self.rq.scenario.evidence.fingerprints and record.memo is not None:
@@ -58,6 +58,10 @@ class Judge:
                                   turn=record.turn, expect="cold", arm="control", of_request=record.request,
                                   judges=judges)
         await self._against_control(state, record, cold, problems, single_groups)
+
+    async def calibrate(self, state: PhaseState) -> None:
+        """What resuming costs on this server (resume.py): measured once, before the run's first phase runs."""
+        self.twins.calibration = await self.resume.ensure(self.rq, state)
 
     def _foreign_codes(self, state: PhaseState, record: Record) -> list[dict]:
         """Whole foreign codes are fail-class at once; single groups are returned for the control."""

@@ -184,7 +184,8 @@ def _margin(m: float) -> str:
 
 @dataclass
 class ResumeBook:
-    """The run's calibration, made once, at the first hit the judge sees (the start of the run)."""
+    """The run's calibration, made once: by the engine before the first phase runs (Judge.calibrate), or at
+    the first hit a judge used without the engine sees."""
     current: Calibration | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

@@ -189,6 +189,10 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
     proof = proof_line(report)
     if proof:
         lines.append(Text(f"  {proof}"))
+    # what resuming costs on this server, calibrated at the start (core/soak/resume.py), and its margin
+    calibrated = next((f for f in report.findings if f.kind == "resume_calibrated"), None)
+    if calibrated is not None:
+        lines.append(Text(f"  {calibrated.detail}"))
     for name, phase in report.phases.items():
         for reason in phase.get("reasons") or []:
             lines.append(Text(f"  {name}: {reason}", style="yellow"))

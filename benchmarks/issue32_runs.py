@@ -7,8 +7,8 @@
 
 Each soak is `python -m tui run --attach URL --scenario S --headless --record LOG` (through the proxy when
 the mode is not `none`); the server is started once (tui.embedded.launch_spec + ServerProcess) and always
-stopped. Prints each soak's exit code, verdict, the calibrated resume cost (the `resume_calibrated`
-finding) and the power line's greedy-comparison count; writes DIR/summary-LABEL.json.
+stopped. Prints each soak's exit code, verdict, the calibrated resume cost (the `resume`
+event) and the power line's greedy-comparison count; writes DIR/summary-LABEL.json.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def summarize(log: Path) -> dict:
     events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     end = next((e for e in events if e["type"] == "run_end"), {})
     findings = [e for e in events if e["type"] == "finding"]
-    calibrated = next((f["evidence"] for f in findings if f["kind"] == "resume_calibrated"), None)
+    calibrated = next((e["calibration"] for e in events if e["type"] == "resume"), None)
     compared = [e for e in events if e["type"] == "fingerprint" and e.get("text_same") is not None]
     fails = sorted({(f["kind"], f["phase"], (f.get("evidence") or {}).get("twin_verdict")) for f in findings
                     if f["severity"] == "fail"}, key=str)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import io
 import re
 
@@ -190,9 +192,9 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
     if proof:
         lines.append(Text(f"  {proof}"))
     # what resuming costs on this server, calibrated at the start (core/soak/resume.py), and its margin
-    calibrated = next((f for f in report.findings if f.kind == "resume_calibrated"), None)
-    if calibrated is not None:
-        lines.append(Text(f"  {calibrated.detail}"))
+    if report.resume is not None:       # (wrapped: a console line fits 80 columns)
+        lines.append(Text("\n".join(textwrap.wrap(report.resume.detail, 78, initial_indent="  ",
+                                                   subsequent_indent="    "))))
     for name, phase in report.phases.items():
         for reason in phase.get("reasons") or []:
             lines.append(Text(f"  {name}: {reason}", style="yellow"))

@@ -130,8 +130,8 @@ async def test_the_same_early_change_on_every_hit_fails_on_an_attention_only_mod
     assert proxy.corrupted > 0
     assert result.code == 1, result.out + result.err
     report = report_json(log)
-    calibrated = [f["evidence"] for f in report["findings"] if f["kind"] == "resume_calibrated"]
-    assert len(calibrated) == 1 and calibrated[0]["grid"] is False and calibrated[0]["tried"] == 0, calibrated
+    calibrated = report["resume"]
+    assert calibrated["grid"] is False and calibrated["tried"] == 0 and not calibrated["allowed"], calibrated
     fails = [f for f in report["findings"] if f["kind"] == "fingerprint_mismatch" and f["severity"] == "fail"]
     assert fails and all(f["evidence"]["twin_verdict"] == "no_resume_excuse" for f in fails), report["findings"]
     assert not [f for f in report["findings"] if f["kind"] == "resume_cost"]

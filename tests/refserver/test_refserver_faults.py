@@ -85,14 +85,13 @@ async def test_fingerprint_evidence_without_codes(tmp_path, fault, code, kind):
         # every hit restores a wrong state, the twin's too (it is a hit under a fresh salt), and so do the resume
         # calibration's prompts: their answers part from their cold runs at tokens no resume cost flips, so
         # nothing is put down to resuming in this run and every reproducible deviation is fail-class
-        calibrated = [f for f in report["findings"] if f["kind"] == "resume_calibrated"]
-        assert len(calibrated) == 1 and calibrated[0]["evidence"]["grid"] is True, calibrated
-        assert calibrated[0]["evidence"]["void"] and calibrated[0]["evidence"]["allowed"] is False
+        calibrated = report["resume"]
+        assert calibrated["grid"] is True and calibrated["void"] and calibrated["allowed"] is False, calibrated
         found = [f for f in report["findings"] if f["kind"] == "fingerprint_mismatch" and f["severity"] == "fail"]
         assert found and all(f["evidence"]["twin_verdict"] == "no_resume_excuse" for f in found)
     if fault == "none":      # a clean align-mode server: calibrated, resuming costs nothing here
-        calibrated = [f["evidence"] for f in report["findings"] if f["kind"] == "resume_calibrated"]
-        assert len(calibrated) == 1 and calibrated[0]["allowed"] and calibrated[0]["measured"] == 0.0, calibrated
-        assert len(calibrated[0]["pairs"]) == 3
+        calibrated = report["resume"]
+        assert calibrated["allowed"] and calibrated["measured"] == 0.0 and len(calibrated["pairs"]) == 3, calibrated
+        assert "margin inf" in calibrated["detail"]
     if fault == "wording_drift":
         assert "fingerprint_mismatch" in kinds(report, "info")

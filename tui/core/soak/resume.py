@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..log.events import ResumeCalibrated
 from ..checks.detectors import SPIKE_FACTOR, LogprobComparison, compare_logprobs, fingerprint_match
 
 GRID_MODES = ("align", "all")   # vLLM's mamba_cache_mode values that checkpoint recurrent state on a grid
@@ -194,7 +195,7 @@ class ResumeBook:
             if self.current is None:
                 self.current = await _calibrate(rq, state)
                 c = self.current
-                rq.finding(state, "resume_calibrated", "info", None, detail=c.words(), **c.to_dict())
+                rq.emit(ResumeCalibrated(phase=state.name, detail=c.words(), calibration=c.to_dict()))
             return self.current
 
 
@@ -205,7 +206,7 @@ async def _calibrate(rq, state) -> Calibration:
         return Calibration(grid, why, e.fingerprint_tolerance)
     pairs: list[Pair] = []
     for i in range(CALIBRATION_PROMPTS):
-        memo = await rq.memo(state, tokens=e.memo_tokens, tag=f"resume{i}")
+        memo = await rq.memo(state, tokens=e.memo_tokens, with_code=False, tag=f"resume{i}")   # no code to leak
         # its own log-probabilities, whether or not the scenario compares fingerprints (determinism and mix
         # consult twins too)
         spec = dataclasses.replace(rq.question(memo.text, "summary", logprobs=e.fingerprint_top_k or 5,

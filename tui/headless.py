@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import io
 import re
 
@@ -189,6 +191,10 @@ def summary_renderable(report: RunReport, show_info: bool = True) -> Group:
     proof = proof_line(report)
     if proof:
         lines.append(Text(f"  {proof}"))
+    # what resuming costs on this server, calibrated at the start (core/soak/resume.py), and its margin
+    if report.resume is not None:       # (wrapped: a console line fits 80 columns)
+        lines.append(Text("\n".join(textwrap.wrap(report.resume.detail, 78, initial_indent="  ",
+                                                   subsequent_indent="    "))))
     for name, phase in report.phases.items():
         for reason in phase.get("reasons") or []:
             lines.append(Text(f"  {name}: {reason}", style="yellow"))

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tui.core.log.events import (Finding, PhaseFinished, RequestFinished, RequestStarted, RunFinished, RunHeader)
+from tui.core.log.events import (Finding, FingerprintCompared, PhaseFinished, RequestFinished, RequestStarted, RunFinished, RunHeader)
 from tui.core.report.power import (binom_cdf, evidence_counts, hits_needed, kind_sentence, power_json, power_line,
                                    rounds_needed, sizing_sentence, upper_bound)
 from tui.core.report.report import RunReport
@@ -127,6 +127,21 @@ def test_determinism_counts_only_a_classification_that_can_tell():
     # a near-tied flip judged info is numerics: the power count agrees with the verdict (no failure)
     assert det("cache_path_divergence", "info") == {**det("identical"), "sentence": det("identical")["sentence"]}
     assert det("kernel_nondeterminism")["checked_hits"] == 0      # the kernel varies: hit vs cold tells nothing
+
+
+def test_whole_greedy_answers_held_against_their_cold_run_count_as_greedy_hits_compared():
+    """Issue 32: every hit whose whole greedy answer the judge compared with its prompt's cold answer counts,
+    once, with the determinism phase's own; a fail-class divergence on one of them is a failure."""
+    reqs = [_req(i, "rotation", code=f"{1000 + i}-{2000 + i}-{3000 + i}") for i in range(1, 6)]
+    compared = [FingerprintCompared(seq=100 + i, request=i, own_request=0, verdict="match", phase="rotation",
+                                    text_same=i != 4) for i in range(1, 5)]            # 5: not compared
+    compared.append(FingerprintCompared(seq=110, request=1, own_request=0, verdict="match", phase="rotation",
+                                        text_same=True))                                # counted once
+    compared.append(FingerprintCompared(seq=111, request=5, own_request=0, verdict="match", phase="rotation"))
+    findings = [Finding(seq=120, kind="cache_path_divergence", severity="fail", phase="rotation", request=4)]
+    counts = evidence_counts(_report(*reqs, findings=compared + findings))["determinism"]
+    assert counts["checked_hits"] == 4 and counts["failures"] == 1
+    assert counts["sentence"].startswith("4 greedy hits compared with their cold run, 1 diverged")
 
 
 def test_power_line_on_known_counts():

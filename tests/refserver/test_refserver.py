@@ -380,7 +380,7 @@ def test_refserver_never_imports_the_core():
 def test_fault_list_matches_the_cli():
     assert FAULTS == ("none", "zero_state", "foreign_state", "repeat_token", "empty_turn", "wording_drift",
                       "mixed_state", "slow_hits", "unaligned_report", "counter_drift", "partial_concurrent",
-                      "salt_ignored", "adapter_ignored", "evict_stale", "slot_noop", "slot_trust")
+                      "salt_ignored", "adapter_ignored", "evict_stale", "early_change", "slot_noop", "slot_trust")
 
 
 def test_python_dash_m_serves_and_stops_on_sigterm():

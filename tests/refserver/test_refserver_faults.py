@@ -14,6 +14,7 @@ EXPECTED = [
     ("repeat_token", 1, "repetition"),
     ("empty_turn", 1, "empty_answer"),
     ("wording_drift", 0, None),
+    ("early_change", 1, "fingerprint_mismatch"),   # every hit, its twin too, the same early change (issue 32)
 ]
 
 
@@ -40,6 +41,14 @@ async def test_fault_gives_its_verdict(tmp_path, fault, code, kind):
     if fault == "foreign_state":
         foreign = [f for f in report["findings"] if f["kind"] == "foreign_code" and f["severity"] == "fail"]
         assert all(f["evidence"]["owner"] != f["memo"] for f in foreign)
+    if fault == "early_change":
+        # the issue's signature: hit != cold, hit == hit, cold == cold in determinism; no twin excuses it
+        assert report["phases"]["determinism"]["determinism"]["kind"] == "cache_path_divergence"
+        assert any(f["kind"] == "cache_path_divergence" and f["severity"] == "fail" for f in report["findings"])
+        assert not [f for f in report["findings"] if f["kind"] == "resume_cost"]
+    greedy = report["power"]["evidence"]["determinism"]
+    if fault == "none":      # every hit's whole greedy answer held against its cold run's (issue 32)
+        assert greedy["checked_hits"] >= 100 and greedy["failures"] == 0, greedy
 
 
 HYBRID = str(ROOT / "scenarios" / "hybrid-quick.toml")
@@ -48,6 +57,7 @@ FINGERPRINT_EXPECTED = [
     ("foreign_state", 1, "foreign_state"),       # another memo's state, with no code in sight
     ("zero_state", 1, "fingerprint_mismatch"),   # its own state lost: differs from its own fingerprint
     ("wording_drift", 0, None),                  # the cold path varies too: the kernel, not the cache
+    ("early_change", 1, "fingerprint_mismatch"),  # every hit changed the same way, its twin too (issue 32)
 ]
 
 
@@ -71,11 +81,17 @@ async def test_fingerprint_evidence_without_codes(tmp_path, fault, code, kind):
     if fault == "foreign_state":
         found = [f for f in report["findings"] if f["kind"] == "foreign_state"]
         assert all(f["evidence"]["owner"] != f["memo"] and f["evidence"]["owner_distance"] == 0.0 for f in found)
-    if fault == "zero_state":
-        # every hit restores zeros, the twin's too (it is a hit under a fresh salt): hit == twin, and both
-        # as far from a full prefill as another memo -> still fail-class, the twin said so
+    if fault in ("zero_state", "early_change"):
+        # every hit restores a wrong state, the twin's too (it is a hit under a fresh salt), and so do the resume
+        # calibration's prompts: their answers part from their cold runs at tokens no resume cost flips, so
+        # nothing is put down to resuming in this run and every reproducible deviation is fail-class
+        calibrated = report["resume"]
+        assert calibrated["grid"] is True and calibrated["void"] and calibrated["allowed"] is False, calibrated
         found = [f for f in report["findings"] if f["kind"] == "fingerprint_mismatch" and f["severity"] == "fail"]
-        assert found and all(f["evidence"]["twin_verdict"] == "far_with_twin" for f in found)
-        assert all(f["evidence"]["twin_distance"] <= 0.05 for f in found)     # the twin as wrong as the hit
+        assert found and all(f["evidence"]["twin_verdict"] == "no_resume_excuse" for f in found)
+    if fault == "none":      # a clean align-mode server: calibrated, resuming costs nothing here
+        calibrated = report["resume"]
+        assert calibrated["allowed"] and calibrated["measured"] == 0.0 and len(calibrated["pairs"]) == 3, calibrated
+        assert "margin inf" in calibrated["detail"]
     if fault == "wording_drift":
         assert "fingerprint_mismatch" in kinds(report, "info")

@@ -68,6 +68,18 @@ def fails(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines() if '"severity":"fail"' in line]
 
 
+def cold_hit_main(log: Path, index: int) -> int:
+    """The cold_hit phase's main-arm request number `index` (0: the cold one, 1: the plain hit, 2: the hit
+    with a suffix); by its place, since the run's first requests are the resume calibration's (issue 32)."""
+    starts = [json.loads(line) for line in log.read_text().splitlines() if '"type":"request_start"' in line]
+    return [e["request"] for e in starts if e["phase"] == "cold_hit" and e["arm"] == "main"][index]
+
+
+def plain_hit(log: Path) -> int:
+    """The plain hit of the cold_hit phase."""
+    return cold_hit_main(log, 1)
+
+
 def fail_number(log: Path, kind: str, request: int) -> str:
     """The 1-based number, among the log's fail-class findings, of the first `kind` on `request`."""
     return str(1 + next(i for i, f in enumerate(fails(log)) if f["kind"] == kind and f["request"] == request))
@@ -91,7 +103,7 @@ async def run_script(script: Path, fault: str, cwd: Path) -> tuple[int, str]:
 
 def test_repro_script_reproduces_the_fault_and_passes_without_it(zero_log, tmp_path):
     script = tmp_path / "repro.py"
-    number = fail_number(zero_log, "recall_miss", 2)      # the plain hit of the cold_hit phase
+    number = fail_number(zero_log, "recall_miss", plain_hit(zero_log))      # the plain hit of the cold_hit phase
     done = hitproof("repro", str(zero_log), "--finding", number, "--output", str(script))
     assert done.returncode == 0, done.stderr
     assert f"finding {number} of" in done.stderr and "recall_miss" in done.stderr
@@ -108,7 +120,7 @@ def test_repro_script_reproduces_the_fault_and_passes_without_it(zero_log, tmp_p
     code, out = asyncio.run(run_script(script, "zero_state", tmp_path))
     assert code == 1, out
     assert "FAULT SHOWS on 3 of 3 hits" in out and "code" in out
-    assert "log (request 2)" in out                     # what the log saw, next to what it sees now
+    assert f"log (request {plain_hit(zero_log)})" in out      # what the log saw, next to what it sees now
     code, out = asyncio.run(run_script(script, "none", tmp_path))
     assert code == 0, out
     assert "fault no longer shows: 3 of 3 hits right" in out
@@ -138,7 +150,7 @@ def test_the_script_says_one_line_on_a_connection_or_usage_error(zero_log, tmp_p
 
 
 def test_report_format_issue_has_the_record_the_numbers_and_the_script(zero_log, tmp_path):
-    number = fail_number(zero_log, "recall_miss", 2)
+    number = fail_number(zero_log, "recall_miss", plain_hit(zero_log))
     done = hitproof("report", str(zero_log), "--format", "issue", "--finding", number)
     assert done.returncode == 0, done.stderr
     text = done.stdout
@@ -152,11 +164,12 @@ def test_report_format_issue_has_the_record_the_numbers_and_the_script(zero_log,
     out = tmp_path / "issue.md"
     assert hitproof("report", str(zero_log), "--format", "issue", "--output", str(out)).returncode == 0
     assert out.read_text().startswith(f"# {fails(zero_log)[0]['kind']} ")   # the first that can be replayed
-    suffix_hit = fail_number(zero_log, "recall_miss", 16)      # memo + a 40-token suffix + the question
+    suffix_request = cold_hit_main(zero_log, 2)
+    suffix_hit = fail_number(zero_log, "recall_miss", suffix_request)      # memo + a 40-token suffix + the question
     done = hitproof("repro", str(zero_log), "--finding", suffix_hit, "--output", str(tmp_path / "y.py"))
     assert done.returncode == 2 and "is not in the log whole" in done.stderr and "these can: --finding" in done.stderr
     done = hitproof("report", str(zero_log), "--format", "issue", "--finding", suffix_hit)
-    assert done.returncode == 0 and "No standalone script for this finding: request 16's prompt" in done.stdout
+    assert done.returncode == 0 and f"No standalone script for this finding: request {suffix_request}'s prompt" in done.stdout
 
 
 def test_bad_input_is_one_line_and_exit_2(zero_log, tmp_path):

@@ -50,6 +50,23 @@ def test_the_memo_is_removed_or_cut_back_and_the_question_kept():
     assert _changed_memo("User: no memo here", "fp_zero") is None
 
 
+def test_early_change_replaces_an_early_word_outside_the_top_k_and_moves_every_logprob():
+    chunks = [{"choices": [{"index": 0, "text": t, "logprobs": {"tokens": [t], "token_logprobs": [-0.1],
+                                                                 "top_logprobs": [{t: -0.1, " meanwhile": -2.0}]}}]}
+              for t in (" The", " memo", ",", " says", " more")]
+    out = CorruptingProxy("http://127.0.0.1:9", "early_change")._early_change(chunks, chat=False)
+    assert "".join(c["choices"][0]["text"] for c in out) == " The memo, harbor more"   # token 3: the first word from 2
+    assert out[3]["choices"][0]["logprobs"]["tokens"] == [" harbor"]                  # " meanwhile" is in its top-k
+    assert all(c["choices"][0]["logprobs"]["token_logprobs"] == [pytest.approx(-0.5)] for c in out)
+    assert out[0]["choices"][0]["logprobs"]["top_logprobs"][0][" meanwhile"] == pytest.approx(-2.4)
+    chat = [{"choices": [{"index": 0, "delta": {"content": t}, "logprobs": {"content": [
+        {"token": t, "logprob": -0.2, "top_logprobs": [{"token": t, "logprob": -0.2}]}]}}]}
+        for t in ("A", " b", " c")]
+    changed = CorruptingProxy("http://127.0.0.1:9", "early_change")._early_change(chat, chat=True)
+    assert [c["choices"][0]["delta"]["content"] for c in changed] == ["A", " b", " meanwhile"]
+    assert changed[2]["choices"][0]["logprobs"]["content"][0]["logprob"] == pytest.approx(-0.6)
+
+
 async def soak_through(tmp_path, mode: str) -> tuple[int, dict, str, CorruptingProxy]:
     handle = await start_refserver(port=0, seed=0)
     proxy = await CorruptingProxy(handle.url, mode).start()
@@ -64,7 +81,7 @@ async def soak_through(tmp_path, mode: str) -> tuple[int, dict, str, CorruptingP
     return result.code, report_json(log), result.out + result.err, proxy
 
 
-@pytest.mark.parametrize("mode", ["fp_zero", "fp_stale"])
+@pytest.mark.parametrize("mode", ["fp_zero", "fp_stale", "early_change"])
 async def test_a_wrong_state_computed_by_the_server_fails(tmp_path, mode):
     code, report, out, proxy = await soak_through(tmp_path, mode)
     assert proxy.corrupted > 0
@@ -72,9 +89,14 @@ async def test_a_wrong_state_computed_by_the_server_fails(tmp_path, mode):
     fails = [f for f in report["findings"] if f["severity"] == "fail"]
     assert fails, report["findings"]
     assert "fingerprint_mismatch" in {f["kind"] for f in fails}
-    # every hit was changed, its twin too: where a twin was made, it is as wrong as the hit
+    # every hit was changed, its twin too: where a twin was made, it is as wrong as the hit; and the resume
+    # calibration's hits were changed as well, so nothing is put down to resuming (issue 32)
     twinned = [f for f in fails if (f.get("evidence") or {}).get("twin_verdict")]
-    assert all(f["evidence"]["twin_verdict"] == "far_with_twin" for f in twinned)
+    assert all(f["evidence"]["twin_verdict"] in ("far_with_twin", "no_resume_excuse") for f in twinned)
+    assert not [f for f in report["findings"] if f["kind"] == "resume_cost"]
+    if mode == "early_change":
+        calibrated = report["resume"]
+        assert calibrated["grid"] and calibrated["void"] and not calibrated["allowed"]
 
 
 async def test_the_proxy_passing_everything_through_stays_clean(tmp_path):

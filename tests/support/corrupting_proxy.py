@@ -19,6 +19,9 @@ the memo (the prompt's first part, up to its first blank line) changed, and answ
 tokens and log-probabilities under the hit's own usage. `fp_zero`: the memo removed, what a model resuming
 from a zero state computes; `fp_stale`: the memo's last quarter removed (back to a sentence end), a state
 checkpointed at an earlier point. Every hit is changed, a hit's twin too (it is a hit under its own salt).
+`early_change` (issue 32): every hit answers with the same early change, a hit's twin too: the first word among
+output tokens 2..8 becomes a word its position's top-k does not list, and every log-probability moves down by
+EARLY_SHIFT nats; the text after it is the server's.
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from support.loopback import serve_catch_all
 CODE = re.compile(r"\b\d{4}-\d{4}-\d{4}\b")
 MODES = ("none", "foreign", "recall_miss", "repetition", "empty", "http500", "malformed",
          "fp_foreign", "fp_alter", "fp_alter_unsalted", "fp_alike", "strip_usage", "strip_all", "send_failed_once", "lora_swap",
-         "readmitted", "fp_zero", "fp_stale")
+         "readmitted", "fp_zero", "fp_stale", "early_change")
 RESTATE = ("fp_zero", "fp_stale")       # a hit answered by the server from a changed memo (module docstring)
 STALE_FRACTION = 0.25                   # fp_stale: how much of the memo's end the earlier state lacks
+EARLY_WORDS = (" meanwhile", " harbor", " violet", " granite")   # early_change: the first one its top-k lacks
+EARLY_SHIFT = 0.4
 SWAP = {"a": 0, "b": 1}        # lora_swap: adapter names (vLLM models) and their llama.cpp ids; a's answers go to b
 
 
@@ -120,6 +125,8 @@ class CorruptingProxy:
             out = chunks if forced else self._readmitted(prompt, own, cached, chunks, chat)
         elif self.mode in RESTATE:
             out = await self._restate(path, payload, chunks, cached)
+        elif self.mode == "early_change":
+            out = self._early_change(chunks, chat) if cached else chunks
         elif self.mode in ("fp_foreign", "fp_alter"):
             out = self._fingerprint_corruption(chunks, key, cached)
         elif self.mode == "fp_alter_unsalted":      # a wrong state on the main arm's hits only: a twin is right
@@ -252,6 +259,42 @@ class CorruptingProxy:
                                                 for top in logprobs.get("top_logprobs") or []]
         return altered
 
+    def _early_change(self, chunks: list[dict], chat: bool) -> list[dict]:
+        """early_change: the first alphabetic token among output tokens 2..8 replaced by a word its top-k does
+        not list, every log-probability EARLY_SHIFT lower (chosen tokens and alternatives)."""
+        altered = json.loads(json.dumps(chunks))
+        index, changed = 0, False
+        for chunk in altered:
+            for choice in chunk.get("choices") or []:
+                logprobs = choice.get("logprobs") or {}
+                if logprobs.get("content"):                              # chat (and llama.cpp) format
+                    for entry in logprobs["content"]:
+                        top = {alt.get("token") for alt in entry.get("top_logprobs") or []}
+                        if not changed and 2 <= index <= 8 and entry.get("token", "").strip().isalpha():
+                            word = next(w for w in EARLY_WORDS if w not in top and w != entry["token"])
+                            old, entry["token"], changed = entry["token"], word, True
+                            entry["bytes"] = list(word.encode())
+                            _replace_text(choice, chat, old, word)
+                        entry["logprob"] -= EARLY_SHIFT
+                        for alt in entry.get("top_logprobs") or []:
+                            alt["logprob"] -= EARLY_SHIFT
+                        index += 1
+                elif "token_logprobs" in logprobs:                        # completions format (vLLM)
+                    tokens = logprobs.get("tokens") or []
+                    tops = logprobs.get("top_logprobs") or [{} for _ in tokens]
+                    for k, token in enumerate(tokens):
+                        if not changed and 2 <= index <= 8 and token.strip().isalpha():
+                            word = next(w for w in EARLY_WORDS if w not in (tops[k] or {}) and w != token)
+                            tokens[k], changed = word, True
+                            _replace_text(choice, chat, token, word)
+                        index += 1
+                    logprobs["token_logprobs"] = [None if v is None else v - EARLY_SHIFT
+                                                  for v in logprobs["token_logprobs"]]
+                    logprobs["top_logprobs"] = [{k: v - EARLY_SHIFT for k, v in (top or {}).items()} for top in tops]
+        if changed:
+            self.corrupted += 1
+        return altered
+
     def _alike(self, chunks: list[dict], key: tuple[str, str]) -> list[dict]:
         """fp_alike: memos that look alike to the model (as on a random-weight model whose continuations
         barely depend on the prompt): every memo but a re-drawn one answers a question with the first
@@ -300,6 +343,21 @@ def _changed_memo(text: str, mode: str) -> str | None:
         return rest
     keep = memo.rfind(". ", 0, int(len(memo) * (1 - STALE_FRACTION)))
     return memo[:keep + 1] + rest if keep > 0 else rest
+
+
+def _replace_text(choice: dict, chat: bool, old: str, new: str) -> None:
+    """A token's text replaced in its chunk's text (the last place it appears: a chunk ends with its tokens)."""
+    if chat:
+        delta = choice.get("delta") or {}
+        text = delta.get("content") or ""
+        at = text.rfind(old)
+        if at >= 0:
+            delta["content"] = text[:at] + new + text[at + len(old):]
+        return
+    text = choice.get("text") or ""
+    at = text.rfind(old)
+    if at >= 0:
+        choice["text"] = text[:at] + new + text[at + len(old):]
 
 
 def _without_cached_tokens(chunk: dict) -> dict:

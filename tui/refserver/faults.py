@@ -34,6 +34,9 @@ project notes; see README.md for the table):
 ``partial_concurrent`` only a short partial-prefix hit (at most half its prompt reused) admitted while
                    another request is served restores another sequence's blocks: what fixed scripts
                    (whole repeats, one shared memo) never exercise, and the mix phase does.
+``early_change``   every hit (never a cold one): the first word among output tokens 2..8 becomes one the cold
+                   path never lists in its top-k, every log-probability 0.4 nats lower: a restore wrong the
+                   same way on every hit, a hit's twin included (issue 32).
 ``slow_hits``, ``unaligned_report``, ``counter_drift``: the restore is right, the bookkeeping
                    is not: a hit that saves no prefill time; cached tokens reported one short of
                    whole blocks; a /metrics counter that adds each hit twice.
@@ -56,7 +59,7 @@ from .tokenizer import EOS, ZERO, Token, is_word, token_for
 
 FAULTS = ("none", "zero_state", "foreign_state", "repeat_token", "empty_turn", "wording_drift",
           "mixed_state", "slow_hits", "unaligned_report", "counter_drift", "partial_concurrent", "salt_ignored",
-          "adapter_ignored", "evict_stale",
+          "adapter_ignored", "evict_stale", "early_change",
           "slot_noop", "slot_trust")   # the slot faults act on /slots restores (tui/refserver/slots.py)
 
 
@@ -105,6 +108,35 @@ class Fault:
     def key(self, salt: str, adapter: str) -> tuple[str, str]:
         """What the block hash is keyed on besides the tokens."""
         return salt, adapter
+
+    # What a hit's answer comes out as, apart from the state (early_change).
+    def answer(self, pieces: list[str], cached: int) -> list[str]:
+        return pieces
+
+    def shift(self, cached: int) -> float:
+        """Nats every log-probability of the answer moves down by."""
+        return 0.0
+
+
+EARLY_WORDS = (" meanwhile", " harbor", " violet", " granite")   # not in the model's VOCAB: never an alternative
+EARLY_SHIFT = 0.4
+
+
+class EarlyChange(Fault):
+    """Every hit: the first word among output tokens 2..8 replaced, every log-probability 0.4 nats lower."""
+    name = "early_change"
+
+    def answer(self, pieces: list[str], cached: int) -> list[str]:
+        if not cached:
+            return pieces
+        for i in range(2, min(len(pieces), 9)):
+            if pieces[i].strip().isalpha():
+                word = next(w for w in EARLY_WORDS if w.strip() != pieces[i].strip())
+                return pieces[:i] + [word] + pieces[i + 1:]
+        return pieces
+
+    def shift(self, cached: int) -> float:
+        return EARLY_SHIFT if cached else 0.0
 
 
 class SaltIgnored(Fault):
@@ -361,6 +393,6 @@ def make_fault(name: str, seed: int = 0, drift_min_tokens: int = 1000) -> Fault:
         return SaltIgnored()
     if name == "adapter_ignored":
         return AdapterIgnored()
-    if name == "evict_stale":
-        return EvictStale()
+    if name in ("evict_stale", "early_change"):
+        return EvictStale() if name == "evict_stale" else EarlyChange()
     raise ValueError(f"unknown fault {name!r}; choose from {', '.join(FAULTS)}")

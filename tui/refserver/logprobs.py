@@ -20,13 +20,14 @@ Entry = tuple[str, float, list[tuple[str, float]]]  # piece, logprob, top altern
 
 
 def compute(digest: bytes, pieces: list[str], k: int, jitter: random.Random | None,
-            resume_cost: float = 0.0, writer_cost: float = 0.0) -> list[Entry]:
+            resume_cost: float = 0.0, writer_cost: float = 0.0, shift: float = 0.0) -> list[Entry]:
     """`resume_cost`: a hit's values move by up to that many nats, the same for every hit of the state;
-    `writer_cost`: up to that many more (a state written by a chunked prefill)."""
+    `writer_cost`: up to that many more (a state written by a chunked prefill); `shift`: exactly that many
+    (the early_change fault)."""
     entries: list[Entry] = []
     for i, piece in enumerate(pieces):
         rng = random.Random(hashlib.blake2b(digest + i.to_bytes(4, "big"), digest_size=8).digest())
-        chosen = -rng.random() * 0.3
+        chosen = -rng.random() * 0.3 - shift
         if resume_cost:
             chosen -= random.Random(hashlib.blake2b(b"resume" + digest + i.to_bytes(4, "big"),
                                                     digest_size=8).digest()).random() * resume_cost

@@ -126,7 +126,7 @@ class Pipeline:
         self.cache.store(self.cache.hashes([t.id for t in tokens]), tokens, f"slot-restore-{filename}")
 
     def outcome(self, adm: Admission, stops: list[str]) -> Outcome:
-        pieces = adm.generation.pieces
+        pieces = self.fault.answer(list(adm.generation.pieces), adm.cached_tokens)
         hit = _first_stop("".join(pieces), stops)
         if hit is None:
             return Outcome(list(pieces), "stop" if adm.generation.finished else "length", None)

@@ -113,7 +113,8 @@ async def _generate(request: web.Request, parse) -> web.StreamResponse:
             jitter = pipeline.fault.jitter(adm.prompt_tokens)
             resume = pipeline.config.resume_cost if adm.cached_tokens else 0.0
             chunked = pipeline.config.writer_cost if adm.cached_tokens and not params.cache_salt else 0.0
-            entries = lp.compute(adm.digest, out.pieces, params.logprobs, jitter, resume, chunked)
+            entries = lp.compute(adm.digest, out.pieces, params.logprobs, jitter, resume, chunked,
+                                 shift=pipeline.fault.shift(adm.cached_tokens))
         if params.stream:
             return await _stream(request, pipeline, params, adm, out, entries, tally)
         await asyncio.sleep(max(len(out.pieces) - 1, 0) * pipeline.config.decode_ms_per_token / 1000)

@@ -23,6 +23,8 @@ class Fingerprint:
     task: str
     request: int
     logprobs: list[list]
+    text: str | None = None          # the cold run's whole greedy answer (None: not kept)
+    max_tokens: int | None = None    # what it was asked for (a hit asked for as many compares its whole text)
 
 
 @dataclass(frozen=True)

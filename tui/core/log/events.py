@@ -181,6 +181,10 @@ class FingerprintCompared(Event):
     distance: float = 0.0       # largest log-probability difference from it (nats)
     closest: str | None = None  # for foreign_state: the memo whose fingerprint it matches
     second: float = 0.0         # the second-largest per-position difference (nats; absent in older logs)
+    # the hit's whole greedy answer against its cold run's (issue 32): True the same, False different,
+    # None not compared (no cold text, another max_tokens, or a phase that compares its own); absent in older logs
+    text_same: bool | None = None
+    phase: str = ""             # the phase the hit belongs to ("" in older logs)
 
 
 @dataclass
@@ -244,6 +248,16 @@ class PowerJudged(Event):
 
 
 @dataclass
+class ResumeCalibrated(Event):
+    """What resuming at a grid line costs on this server, measured once at the start of the run
+    (tui.core.soak.resume): the keys of `calibration` are resume.Calibration.to_dict's."""
+    type: ClassVar[str] = "resume"
+    phase: str = ""
+    detail: str = ""            # the sentence a person reads (what is put down to resuming, and the margin)
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class ReplicasJudged(Event):
     """Behind a router, once every phase has run: per replica what it served, and whether the
     routing let every replica be checked (a replica that never hits while others do is not a pass)."""
@@ -276,7 +290,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls for cls in (RunHeader, ServerInfo, MemoPlanted, PhaseStarted, RoundStarted,
                               RequestStarted, AnswerDelta, RequestFinished, Finding, FingerprintCompared,
                               MetricsSample,
-                              ServerLog, CheckpointSeen, IsolationStarted, IsolationFinished, PowerJudged, ReplicasJudged, PhaseFinished,
+                              ServerLog, CheckpointSeen, IsolationStarted, IsolationFinished, PowerJudged, ReplicasJudged,
+                              ResumeCalibrated, PhaseFinished,
                               RunFinished)
 }
 _FIELDS = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in EVENT_TYPES.items()}

@@ -150,8 +150,10 @@ class EvidenceTally:
                   undercounts slightly (a code is registered when its memo is planted, a little
                   before its first request), never overcounts;
       empty, repetition  hits whose check of that name ran;
-      determinism greedy hits compared with their cold run, when the phase classified them
-                  (kernel nondeterminism makes the comparison unable to tell: none counted);
+      determinism greedy hits compared with their cold run: the determinism phase's, when it classified
+                  them (kernel nondeterminism makes the comparison unable to tell: none counted), and every
+                  other hit whose whole greedy answer the judge held against its prompt's cold answer
+                  (FingerprintCompared.text_same set: soak/greedy.py);
       fingerprint hits compared with their own cold fingerprint.
     failures: checked hits carrying a fail-class finding of the matching kind (warn and info, e.g.
     a single foreign group too likely by chance, a model fault on both paths, or a near-tied flip,
@@ -160,7 +162,8 @@ class EvidenceTally:
 
     _BIT = {name: 1 << i for i, (name, _, _) in enumerate(KINDS)}
     _FAILS = {"recall_miss": "recall", "foreign_code": "foreign", "empty_answer": "empty",
-              "repetition": "repetition", "foreign_state": "fingerprint", "fingerprint_mismatch": "fingerprint"}
+              "repetition": "repetition", "foreign_state": "fingerprint", "fingerprint_mismatch": "fingerprint",
+              "cache_path_divergence": "determinism"}
 
     def __init__(self) -> None:
         self._codes: set[str] = set()
@@ -214,6 +217,9 @@ class EvidenceTally:
         if not self._flag(self._checked, e.request, "fingerprint"):
             self._mark(self._checked, e.request, "fingerprint")
             self.checked["fingerprint"] += 1
+        if getattr(e, "text_same", None) is not None and not self._flag(self._checked, e.request, "determinism"):
+            self._mark(self._checked, e.request, "determinism")      # its whole greedy answer against cold
+            self.checked["determinism"] += 1
 
     def _on_finding(self, f) -> None:
         if f.severity != "fail":
@@ -250,8 +256,7 @@ class EvidenceTally:
         for name, _, _ in KINDS:
             n, fails = self.checked[name], self.failures[name]
             counted_by = providers("POWER_EVIDENCE", name)
-            if counted_by:                     # a phase's own evidence: it says what its hits prove
-                n = fails = 0
+            if counted_by:                     # a phase's own evidence (added to the judge's): it says what its hits prove
                 for phase, module in counted_by.items():
                     hits = self._phase_hits.get(phase, 0)
                     got = module.power_evidence(hits, self._phase_summary.get(phase) or {}, phase in self._phase_failed)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..log.events import (Event, Finding, FingerprintCompared, IsolationFinished, PhaseFinished, PhaseStarted,
-                          PowerJudged, ReplicasJudged, RequestFinished, RequestStarted, RunFinished, RunHeader,
+                          PowerJudged, ReplicasJudged, RequestFinished, ResumeCalibrated, RequestStarted, RunFinished, RunHeader,
                           ServerInfo)
 from .power import EvidenceTally
 from .tables import EndTable, StartTable
@@ -31,6 +31,7 @@ class RunReport:
     fingerprints: dict[int, str] = field(default_factory=dict)     # request -> fingerprint verdict
     tally: EvidenceTally = field(default_factory=EvidenceTally)     # hits checked per kind of evidence
     power_target: PowerJudged | None = None
+    resume: ResumeCalibrated | None = None      # what resuming costs on the server (issue 32)
     end: RunFinished | None = None
     warning: str | None = None
     last_t: float = 0.0
@@ -142,6 +143,7 @@ class RunReport:
                 "launch_command": self.header.target.get("launch_command") if self.header else None,
             },
             "warning": self.warning,
+            "resume": None if self.resume is None else {**self.resume.calibration, "detail": self.resume.detail},
             **({"replicas": self.replicas.to_json()} if self.replicas.active else {}),
         }
 
@@ -162,7 +164,8 @@ _FEEDERS = {RunHeader: RunReport._on_header, ServerInfo: RunReport._on_server, P
             RequestFinished: RunReport._on_request_end, Finding: RunReport._on_finding,
             FingerprintCompared: RunReport._on_fingerprint, IsolationFinished: RunReport._on_isolation_end,
             RunFinished: RunReport._on_run_end, PowerJudged: RunReport._on_power,
-            ReplicasJudged: lambda report, event: None}
+            ReplicasJudged: lambda report, event: None,
+            ResumeCalibrated: lambda report, event: setattr(report, "resume", event)}
 _TALLIED = frozenset({RequestStarted, RequestFinished, FingerprintCompared, Finding, PhaseFinished})
 _REPLICATED = frozenset({ServerInfo, RequestStarted, RequestFinished, Finding, ReplicasJudged})
 

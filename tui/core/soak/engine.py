@@ -111,7 +111,6 @@ class SoakEngine:
             self.findings.append(event)
             self._count(event)
 
-
     def _count(self, finding: Finding) -> None:
         """A finding counts in the phase that is running; one before the first phase or between phases
         in the next phase; one after the last phase in the last phase (so the verdict sees it)."""
@@ -262,6 +261,7 @@ class SoakEngine:
                 self.emit(PhaseStarted(phase=name, index=index, title=phase.TITLE,
                                        **phase.plan(self.scenario)))
                 state.metrics_before = await self.scrape()
+                await requester.judge.calibrate(state)       # what resuming costs, once, at the start (resume.py)
                 await phase.run(requester, state)
                 state.metrics_after = await self.scrape()
                 self._judge_counter_agreement(requester, state)

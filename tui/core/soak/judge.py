@@ -18,8 +18,10 @@ from ..log.events import FingerprintCompared
 from ..report.fmt import pct
 from .record import Record, Sender, cached_words, prompt_key
 from .state import PhaseState
-from .sibling import SIBLING_FACTOR, make_sibling, nearest, sibling_explains
-from .twin_judge import TwinJudge, how_far
+from . import greedy
+from .resume import ResumeBook
+from .sibling import sibling_control
+from .twin_judge import TwinJudge
 
 REPRODUCE = 5                # re-runs each way before a fingerprint deviation is called the cache's
 DEFAULT_ALARM_RATE = 0.01    # a single foreign group is fail-class below these odds when no power target is set
@@ -32,10 +34,13 @@ class Judge:
         self.fingerprints = FingerprintBook(e.fingerprint_tokens, e.fingerprint_tolerance, e.fingerprint_margin)
         self._fingerprint_notes: set[str] = set()
         self.twins = TwinJudge(rq, self.fingerprints)
+        self.resume = ResumeBook()      # what resuming costs here, calibrated at the first hit (resume.py)
 
     async def judge(self, state: PhaseState, record: Record, expect: str, judges: tuple[str, ...],
                     control: bool = True, fingerprints: bool = True) -> None:
         """Judge a main-arm request: foreign codes at once; hit-path problems against a cold control."""
+        if record.hit and self.twins.calibration is None:     # a judge used without the engine's calibrate()
+            await self.calibrate(state)
         single_groups = self._foreign_codes(state, record)
         self._expectations(state, record, expect)
         if control and fingerprints and self.rq.scenario.evidence.fingerprints and record.memo is not None:
@@ -53,6 +58,10 @@ class Judge:
                                   turn=record.turn, expect="cold", arm="control", of_request=record.request,
                                   judges=judges)
         await self._against_control(state, record, cold, problems, single_groups)
+
+    async def calibrate(self, state: PhaseState) -> None:
+        """What resuming costs on this server (resume.py): measured once, before the run's first phase runs."""
+        self.twins.calibration = await self.resume.ensure(self.rq, state)
 
     def _foreign_codes(self, state: PhaseState, record: Record) -> list[dict]:
         """Whole foreign codes are fail-class at once; single groups are returned for the control."""
@@ -227,7 +236,8 @@ class Judge:
             self._note_once(state, "no_logprobs", "the server returned no log-probabilities: fingerprints "
                             "cannot be compared", record)
             return None
-        fingerprint = Fingerprint(record.memo.memo_id, record.task, source.request, source.completion.logprobs)
+        fingerprint = Fingerprint(record.memo.memo_id, record.task, source.request, source.completion.logprobs,
+                                  text=source.text, max_tokens=source.spec.max_tokens)
         alike = self.fingerprints.add(key, fingerprint)
         if alike and not state.redraws_memos:    # a phase that re-draws memos judges distinctness itself
             self.note_indistinct(state, alike[0], fingerprint, record)
@@ -264,12 +274,18 @@ class Judge:
             return
         run = record.completion.logprobs
         mine, others, verdict, owner = self.fingerprints.compare(run, own)
+        whole = greedy.comparable(state, record, own)
         record.checks["fingerprint"] = {"verdict": verdict, "own_distance": mine.distance,
                                         "own_agreeing": mine.agreeing, "closest": owner}
+        if whole:
+            record.checks["fingerprint"]["text_same"] = record.text == own.text
         self.rq.emit(FingerprintCompared(request=record.request, own_request=own.request, verdict=verdict,
                                              agreeing=mine.agreeing, distance=mine.distance, closest=owner,
-                                             second=mine.second))
+                                             second=mine.second, text_same=(record.text == own.text) if whole else None,
+                                             phase=state.name))
         if verdict == "match":
+            if whole:           # its first tokens are right: is the rest of its answer? (greedy.py)
+                await greedy.judge_text(self, state, record, own, REPRODUCE)
             return
         if verdict == "foreign_state":
             if owner in self.fingerprints.indistinct_from(own.memo, own.task):
@@ -316,11 +332,21 @@ class Judge:
                         rehit_requests=[r.request for r in rehits], own_distance=mine.distance,
                         cold_reproduced=cold_same, hit_reproduced=hit_same)
         reproduced = cold_same == REPRODUCE and hit_same == REPRODUCE
-        # A reproducible deviation may still be only what resuming at a grid line costs: on a server
-        # with salts, its twin (twin.py) tells that arithmetic from a wrong state.
-        if reproduced and self.rq.server.salts == "cache_salt" and await self.twins.judge(state, record, own, mine, evidence):
+        # A reproducible deviation may still be only what resuming at a grid line costs, on a server that
+        # resumes recurrent state on a grid, within the cost calibrated in the run (resume.py): there its twin
+        # (twin.py) tells that arithmetic from a wrong state. Anywhere else it is the fail it always was.
+        resumes = self.twins.allowed
+        if reproduced and not resumes:
+            calibration = self.twins.calibration
+            self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="no_resume_excuse",
+                            detail=(f"the hit differs from its own cold fingerprint ({where}); {REPRODUCE} more cold "
+                                    f"runs reproduce the fingerprint and {REPRODUCE} more hits the deviation: "
+                                    f"corruption on the hit path ("
+                                    + (calibration.words() if calibration is not None else "no resume cost measured")
+                                    + ")"), **evidence)
+        elif reproduced and self.rq.server.salts == "cache_salt" and await self.twins.judge(state, record, own, mine, evidence):
             return
-        if reproduced and self.rq.server.salts == "cache_salt":
+        elif reproduced and self.rq.server.salts == "cache_salt":
             # a server with salts whose hit got no twin: resuming at a grid line may be all it is
             state.mark_inconclusive(f"request {record.request}'s deviation from its cold fingerprint reproduces, "
                                     f"but no twin could be made to tell resuming arithmetic from a wrong state")
@@ -331,7 +357,7 @@ class Judge:
         elif reproduced:
             # no salt that keeps caching on (llama.cpp): a restore of the same shape on a fresh memo (sibling.py)
             # measures what resuming costs here before the value alone is called a wrong state
-            control = await self._sibling_control(state, record, own, mine, evidence)
+            control = await sibling_control(self, state, record, own, mine, evidence)
             if control is None:
                 return
             self.rq.finding(state, "fingerprint_mismatch", "fail", record,
@@ -346,43 +372,3 @@ class Judge:
             self.rq.finding(state, "fingerprint_mismatch", "info", record,
                             detail=f"the hit differs from its cold fingerprint ({where}), but {why}: "
                                    f"not reproducible, the kernel rather than the cache", **evidence)
-
-    async def _sibling_control(self, state: PhaseState, record: Record, own: Fingerprint, mine, evidence: dict):
-        """None when the sibling shows resuming costs as much here (an info finding is made); else the
-        words the FAIL adds (the sibling's numbers, or why there is none), its facts added to `evidence`."""
-        sib = await make_sibling(self.rq, state, record)
-        evidence["sibling_requests"] = list(sib.requests)
-        if sib.hit is None:
-            evidence["sibling"] = sib.why
-            return f" (no restore of the same shape to compare: {sib.why})"
-        theirs = self.fingerprints.match(sib.hit.completion.logprobs, sib.cold.completion.logprobs)
-        evidence.update(sibling_request=sib.hit.request, sibling_cold_request=sib.cold.request,
-                        sibling_cached=sib.hit.cached, sibling_agreeing=theirs.agreeing,
-                        sibling_distance=theirs.distance, sibling_second=theirs.second, own_second=mine.second)
-        said = (f"a fresh memo's prompt resumed the same way (request {sib.hit.request}, at {sib.hit.cached} "
-                f"tokens) is {theirs.agreeing} tokens as its cold run, {theirs.distance:.4f} apart at most, "
-                f"{theirs.second:.4f} at the second-largest position")
-        if not sibling_explains(mine, theirs):
-            if theirs.agreeing > mine.agreeing:
-                return f", while {said}: its tokens stay with its cold run longer than the hit's"
-            return f", while {said}: the hit is more than {SIBLING_FACTOR:g} times as far"
-        # the scale of a wrong state: the nearest other memo's answer, the sibling's own cold run among them
-        yard = nearest(self.twins.yardstick(own), self.fingerprints.match(sib.cold.completion.logprobs, own.logprobs))
-        tolerance = self.rq.scenario.evidence.fingerprint_tolerance
-        far = how_far(mine, yard, tolerance, checks.compare_logprobs(own.logprobs, record.completion.logprobs))
-        if far == "far":
-            return f"; {said}, but both land as far from cold as another memo's answer"
-        if far == "untold":         # as far as the nearest other prompt's answer is: neither right nor wrong
-            self.twins.not_told(state, record, "sibling_untold",
-                                f"request {record.request}: its deviation, and its sibling's, are as large as "
-                                f"another prompt's: not told apart",
-                                detail=(f"the hit differs from its cold fingerprint ({mine.agreeing} tokens as cold), "
-                                        f"reproducibly; {said}; but the nearest other prompt's answer is no farther: "
-                                        f"the fingerprint does not tell a restore from a wrong state here"), **evidence)
-            return None
-        self.rq.finding(state, "fingerprint_mismatch", "info", record, twin_verdict="sibling_same_cost",
-                        detail=(f"the hit differs from its cold fingerprint ({mine.agreeing} tokens as cold, "
-                                f"{mine.distance:.4f} apart at most, {mine.second:.4f} at the second-largest "
-                                f"position), reproducibly; {said}: resuming costs that much on this server "
-                                f"(no salt keeps caching on, so no twin), not a wrong state"), **evidence)
-        return None

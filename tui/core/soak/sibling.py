@@ -22,12 +22,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..checks.detectors import SPIKE_FACTOR, FingerprintMatch
+from ..checks.detectors import SPIKE_FACTOR, FingerprintMatch, compare_logprobs
+from ..checks.fingerprints import Fingerprint
 from ..evidence.memos import Memo
 from ..server.client import RequestSpec
 from .record import Record
 from .state import PhaseState
 from .twin import lineage
+from .twin_judge import how_far
 
 # A hit explained by its sibling is off its cold run by at most this many times what the sibling is off
 # its own. Measured, llama.cpp b11434 Gemma 3 270M Q4_K, 8 clean soaks with a tolerance of 0.1 (below its
@@ -101,3 +103,50 @@ async def make_sibling(rq, state: PhaseState, hit: Record) -> Sibling:
     if not sib.completion.logprobs or not cold.completion.logprobs:
         return Sibling(None, None, tuple(sent), "the sibling's answers have no log-probabilities")
     return Sibling(sib, cold, tuple(sent))
+
+
+async def sibling_control(judge, state: PhaseState, record: Record, own: Fingerprint, mine, evidence: dict):
+    """None when the sibling shows resuming costs as much here (an info finding is made); else the
+    words the FAIL adds (the sibling's numbers, or why there is none), its facts added to `evidence`. Consulted
+    only where resuming may be excused (resume.py: a server that restores recurrent state on a grid), and
+    bounded by the resume cost calibrated in the run."""
+    if not judge.twins.allowed:
+        evidence["sibling"] = "not consulted"
+        calibration = judge.twins.calibration
+        return f" ({calibration.words() if calibration is not None else 'no resume cost measured'})"
+    sib = await make_sibling(judge.rq, state, record)
+    evidence["sibling_requests"] = list(sib.requests)
+    if sib.hit is None:
+        evidence["sibling"] = sib.why
+        return f" (no restore of the same shape to compare: {sib.why})"
+    theirs = judge.fingerprints.match(sib.hit.completion.logprobs, sib.cold.completion.logprobs)
+    evidence.update(sibling_request=sib.hit.request, sibling_cold_request=sib.cold.request,
+                    sibling_cached=sib.hit.cached, sibling_agreeing=theirs.agreeing,
+                    sibling_distance=theirs.distance, sibling_second=theirs.second, own_second=mine.second)
+    said = (f"a fresh memo's prompt resumed the same way (request {sib.hit.request}, at {sib.hit.cached} "
+            f"tokens) is {theirs.agreeing} tokens as its cold run, {theirs.distance:.4f} apart at most, "
+            f"{theirs.second:.4f} at the second-largest position")
+    if not sibling_explains(mine, theirs):
+        if theirs.agreeing > mine.agreeing:
+            return f", while {said}: its tokens stay with its cold run longer than the hit's"
+        return f", while {said}: the hit is more than {SIBLING_FACTOR:g} times as far"
+    # the scale of a wrong state: the nearest other memo's answer, the sibling's own cold run among them
+    yard = nearest(judge.twins.yardstick(own), judge.fingerprints.match(sib.cold.completion.logprobs, own.logprobs))
+    tolerance = judge.rq.scenario.evidence.fingerprint_tolerance
+    far = how_far(mine, yard, tolerance, compare_logprobs(own.logprobs, record.completion.logprobs), judge.twins.bound)
+    if far == "far":
+        return f"; {said}, but both land as far from cold as another memo's answer"
+    if far == "untold":         # as far as the nearest other prompt's answer is: neither right nor wrong
+        judge.twins.not_told(state, record, "sibling_untold",
+                            f"request {record.request}: its deviation, and its sibling's, are as large as "
+                            f"another prompt's: not told apart",
+                            detail=(f"the hit differs from its cold fingerprint ({mine.agreeing} tokens as cold), "
+                                    f"reproducibly; {said}; but the nearest other prompt's answer is no farther: "
+                                    f"the fingerprint does not tell a restore from a wrong state here"), **evidence)
+        return None
+    judge.rq.finding(state, "fingerprint_mismatch", "info", record, twin_verdict="sibling_same_cost",
+                    detail=(f"the hit differs from its cold fingerprint ({mine.agreeing} tokens as cold, "
+                            f"{mine.distance:.4f} apart at most, {mine.second:.4f} at the second-largest "
+                            f"position), reproducibly; {said}: resuming costs that much on this server "
+                            f"(no salt keeps caching on, so no twin), not a wrong state"), **evidence)
+    return None

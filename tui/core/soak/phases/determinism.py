@@ -145,17 +145,24 @@ async def _divergence(rq, state, cold, hits: list, cold_again, at: int, offsets:
                           f"same text: what resuming at a grid line costs, not a wrong state ({offsets})",
                    cold_request=cold.request, twin_request=twin.request, **logprobs)
     else:
+        calibration = rq.judge.twins.calibration if getattr(rq, "judge", None) is not None else None
+        why = f"; {calibration.words()}" if calibration is not None else ""
         rq.finding(state, "cache_path_divergence", "fail", diverging, offset=at,
                    detail=f"greedy output on a hit differs from cold at character {at} while "
-                          f"hits agree with each other and colds with each other ({offsets})",
+                          f"hits agree with each other and colds with each other ({offsets}){why}",
                    cold_request=cold.request, cold_again_request=cold_again.request, **logprobs)
 
 
 async def _same_text_twin(rq, state, cold, diverging, compared):
-    """The hit's twin when the hit stayed close to cold up to its divergence and the twin writes the very
-    same text; else None (no logprobs to tell, a divergence far from the start, no twin, another text)."""
-    close = SPIKE_FACTOR * rq.scenario.evidence.fingerprint_tolerance
-    if not cold.completion.logprobs or compared.max_prefix_delta > close:
+    """The hit's twin when resuming may explain the divergence and the twin writes the very same text; else
+    None. Resuming explains it only on a server that restores recurrent state on a grid, where the flipped
+    choice's cold margin is within the resume cost calibrated in the run (resume.py): a twin is a hit too,
+    and a restore wrong the same way on every hit makes it write the hit's text (issue 32: every hit of
+    vLLM Gemma, attention only, changed at character 17 and its twin with it)."""
+    calibration = rq.judge.twins.calibration if getattr(rq, "judge", None) is not None else None
+    if not cold.completion.logprobs or calibration is None or not calibration.explains_flip(compared):
+        return None
+    if compared.max_prefix_delta > SPIKE_FACTOR * calibration.bound:
         return None
     twin = (await make_twin(rq, state, diverging)).record
     return twin if twin is not None and twin.text == diverging.text else None

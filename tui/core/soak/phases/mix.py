@@ -288,7 +288,7 @@ class Search:
             untold_kind = "twin_same"
             untold = ("and its twin (the same prompt resumed at the same grid line from its writers' state) shows "
                       "it too: resuming arithmetic, or a wrong state on every restore, not told apart by text")
-        elif fail and self._text_only(reasons) and (self.rq.server.cache_config or {}).get("mamba_cache_mode") == "align":
+        elif fail and self._text_only(reasons) and self.rq.judge.twins.allowed:
             # vLLM's align mode: the state at a grid line depends on how its writer's prefill was split
             # among concurrent requests (each split rounds the state). Measured, vLLM 0.26 on an H200, bf16
             # state: a full hit resumed at 720 tokens looped 5 of 5 times, its cold prefill and its twin (a
@@ -325,8 +325,8 @@ class Search:
         by text, so warn and inconclusive, never a pass and never a fail. Measured, vLLM 0.26 on an H200, the tiny
         Qwen3-Next with a bf16 state: a full hit resumed at 864 tokens looped into repetition 5 of 5 times,
         its full cold prefill never (2026-12-02)."""
-        if self.rq.server.salts != "cache_salt" or not self._text_only(reasons):
-            return False
+        if self.rq.server.salts != "cache_salt" or not self._text_only(reasons) or not self.rq.judge.twins.allowed:
+            return False          # a twin excuses only on a server that resumes on a grid (resume.py)
         for kind in reasons:
             if not await self.rq.judge.twins.same_problem(self.state, record, kind, report=False):
                 return False

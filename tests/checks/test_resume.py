@@ -1,0 +1,78 @@
+"""What resuming costs (tui/core/soak/resume.py): which servers may put a divergence down to resuming at
+all, the calibration's bound, and the calibration that a restore wrong on every hit voids (issue 32)."""
+
+import math
+
+from tui.core.checks.detectors import LogprobComparison
+from tui.core.soak.resume import RESUME_FACTOR, RESUME_MARGIN, Pair, calibration, grid_restore, pair_of
+
+
+def lp(*tokens):
+    """[token, logprob, [[alt, logprob], ...]] per position: (token, value, runner-up, its value)."""
+    return [[t, v, [[t, v], [alt, av]]] for t, v, alt, av in tokens]
+
+
+def pair(second=0.0, distance=0.0, parted_at=None, margin=None, prefix=0.0):
+    return Pair(1, 2, 256, 12, second, distance, parted_at, margin, prefix)
+
+
+def test_only_a_server_that_resumes_recurrent_state_on_a_grid_may_excuse_anything():
+    assert grid_restore({"mamba_cache_mode": "align", "block_size": "256"}, False)[0] is True
+    assert grid_restore({"mamba_cache_mode": "none", "block_size": "16"}, False)[0] is False   # vLLM Gemma
+    assert grid_restore({}, False)[0] is False                                                # nothing said
+    assert grid_restore({}, True)[0] is True                      # llama.cpp's log shows context checkpoints
+    assert "no recurrent state" in grid_restore({"mamba_cache_mode": "none"}, False)[1]
+
+
+def test_not_on_a_grid_nothing_is_excused_whatever_was_measured():
+    c = calibration(False, "attention only", 0.5, [pair(0.01)], 3)
+    assert not c.allowed and c.bound == 0.0 and not c.explains(0.0)
+    assert not c.explains_flip(LogprobComparison(3, 0.0, 0.0))
+
+
+def test_the_bound_is_the_margin_times_the_measured_cost_within_tolerance_and_ceiling():
+    tol = 0.05
+    c = calibration(True, "align", tol, [pair(0.02, 0.03), pair(0.03, 0.06)], 3)
+    assert c.measured == 0.03 and math.isclose(c.bound, RESUME_MARGIN * 0.03)       # 0.135, within 0.05..0.2
+    assert c.explains(0.135) and not c.explains(0.1351)
+    assert math.isclose(calibration(True, "align", tol, [pair(0.001)], 3).bound, tol)   # floor: the tolerance
+    # a fault that moves every restore, the calibration's too, cannot raise it beyond the ceiling
+    assert math.isclose(calibration(True, "align", tol, [pair(0.4, 0.4)], 3).bound, RESUME_FACTOR * tol)
+    # one spike counts at a third (the fingerprint's one-spike allowance)
+    assert math.isclose(calibration(True, "align", tol, [pair(0.01, 0.3)], 3).measured, 0.1)
+
+
+def test_a_calibration_hit_that_changes_a_decisive_token_voids_the_calibration():
+    tol = 0.05
+    # its token is not among the cold path's top-k: no resume cost flips that
+    c = calibration(True, "align", tol, [pair(0.0), pair(0.4, 0.4, parted_at=2, margin=None)], 3)
+    assert c.void and not c.allowed and c.bound == 0.0 and "output token 2" in c.void
+    # behind by more than SPIKE_FACTOR ceilings
+    assert calibration(True, "align", tol, [pair(0.0, parted_at=5, margin=0.61)], 3).void
+    # a near tie resuming can reach leaves it standing
+    assert calibration(True, "align", tol, [pair(0.03, parted_at=5, margin=0.2)], 3).allowed
+
+
+def test_a_flip_is_resuming_only_within_the_calibrated_bound():
+    c = calibration(True, "align", 0.05, [pair(0.02)], 3)       # bound 0.09: flips up to 0.27 behind
+    assert c.explains_flip(LogprobComparison(7, 0.05, 0.27))
+    assert not c.explains_flip(LogprobComparison(7, 0.05, 0.271))
+    assert not c.explains_flip(LogprobComparison(7, 0.05, None))   # not among the cold top-k: never
+
+
+def test_a_pair_measures_its_fingerprint_and_where_its_whole_answer_parts():
+    cold = lp((" a", -0.1, " b", -2.0), (" c", -0.2, " d", -1.0), (" e", -0.3, " f", -3.0))
+    hit = lp((" a", -0.15, " b", -2.0), (" c", -0.2, " d", -1.0), (" x", -0.3, " f", -3.0))
+    p = pair_of(10, 11, 256, cold, hit, 12)
+    assert (p.cold, p.hit, p.cached, p.agreeing, p.parted_at, p.margin) == (10, 11, 256, 2, 2, None)
+    assert math.isclose(p.prefix_delta, 0.05)
+    assert p.decisive(0.2)
+
+
+def test_the_report_says_the_cost_the_bound_and_the_margin():
+    c = calibration(True, "align", 0.05, [pair(0.02)], 3)
+    d = c.to_dict()
+    assert d["measured"] == 0.02 and math.isclose(d["bound"], 0.09) and math.isclose(d["margin"], 4.5)
+    assert d["allowed"] and d["ceiling"] == 0.2 and d["floor"] == 0.05 and len(d["pairs"]) == 1
+    assert "margin 4.5x" in c.words()
+    assert "nothing is put down" in calibration(False, "attention only", 0.5, [], 0).words()

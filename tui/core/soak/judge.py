@@ -336,8 +336,24 @@ class Judge:
         # resumes recurrent state on a grid, within the cost calibrated in the run (resume.py): there its twin
         # (twin.py) tells that arithmetic from a wrong state. Anywhere else it is the fail it always was.
         resumes = self.twins.allowed
-        if reproduced and not resumes:
-            calibration = self.twins.calibration
+        # Every re-hit resuming where the hit did deviates beyond what resuming costs, never the same way, while
+        # every cold run writes the cold fingerprint: no kernel (its noise reaches the cold runs too) but a
+        # restore that hands a different wrong state each time (another request's state, a slot nothing
+        # wrote). Inside vLLM (hitproof's fault plugin, benchmarks/RESULTS.md, issue 33) the rule above passed it.
+        calibration = self.twins.calibration
+        beyond = max(tolerance, calibration.bound) if resumes and calibration is not None else tolerance
+        same_point = [r for r in rehits if r.hit and r.cached == record.cached]
+        varies = (not reproduced and cold_same == REPRODUCE and len(same_point) == REPRODUCE
+                  and not mine.matches(beyond)
+                  and not any(self.fingerprints.match(r.completion.logprobs, own.logprobs).matches(beyond)
+                              for r in same_point))
+        if varies:
+            self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="varies_on_hits",
+                            detail=(f"the hit differs from its own cold fingerprint ({where}); {REPRODUCE} more cold "
+                                    f"runs reproduce the fingerprint, and {REPRODUCE} more hits resuming at the same "
+                                    f"{record.cached} tokens all deviate beyond {beyond:.4f}, never the same way: a "
+                                    f"restore that hands a different wrong state each time"), **evidence)
+        elif reproduced and not resumes:
             self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="no_resume_excuse",
                             detail=(f"the hit differs from its own cold fingerprint ({where}); {REPRODUCE} more cold "
                                     f"runs reproduce the fingerprint and {REPRODUCE} more hits the deviation: "

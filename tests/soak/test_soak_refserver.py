@@ -215,7 +215,10 @@ async def test_isolate_foreign_code_reproduces_on_hits_and_never_cold(tmp_path):
     assert sum(f["isolation"]["reproduced"] for f in foreign) > 0
     events = [json.loads(line) for line in log.read_text().splitlines()]
     resent = [e for e in events if e["type"] == "request_start" and e["arm"] == "isolation"]
-    assert len(resent) == 8 * len({f["request"] for f in foreign})
+    # every flagged request is isolated once (a foreign state also shows as a hit whose whole answer or
+    # fingerprint differs from cold: issue 32's judges flag those too)
+    isolated = {f["request"] for f in report_json(log)["findings"] if f.get("isolation")}
+    assert {f["request"] for f in foreign} <= isolated and len(resent) == 8 * len(isolated)
 
 
 async def test_isolate_says_why_a_finding_about_the_server_is_not_isolated(tmp_path):

@@ -77,9 +77,12 @@ async def test_corrupted_hybrid_hits_are_caught(qwen, tmp_path, mode, kind, phas
     assert result.code == 1, result.out + result.err
     report = report_json(log)
     assert any(f["kind"] == kind and f["severity"] == "fail" and f["phase"] == phase for f in report["findings"])
-    if mode == "fp_alter":     # llama.cpp has no salt: each FAIL stands against a sibling restored the same way
+    if mode == "fp_alter":
+        # attached (not launched), hitproof sees no checkpoint lines: the server is not known to resume on a
+        # grid, so nothing is put down to resuming (issue 32) and no sibling is consulted; the launched case,
+        # where the sibling decides, is tests/real/test_real_sibling.py
         fails = [f for f in report["findings"] if f["kind"] == kind and f["severity"] == "fail"]
-        assert all(f["evidence"].get("sibling_request") for f in fails), fails
+        assert all(f["evidence"].get("twin_verdict") == "no_resume_excuse" for f in fails), fails
         assert not [f for f in report["findings"] if (f.get("evidence") or {}).get("twin_verdict") == "sibling_same_cost"]
 
 

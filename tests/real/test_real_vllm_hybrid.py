@@ -87,7 +87,14 @@ async def test_wrong_states_on_hits_are_fail_class(bf16, tmp_path, mode, kind, v
         await proxy.close()
     assert proxy.corrupted > 0
     assert result.code == 1, result.out + result.err
-    fails = [f for f in report_json(log)["findings"] if f["kind"] == kind and f["severity"] == "fail"]
+    findings = report_json(log)["findings"]
+    fails = [f for f in findings if f["kind"] == kind and f["severity"] == "fail"]
+    if mode == "fp_foreign" and not fails:
+        # since the resume calibration (issue 32) the hit and its twin, both answered with another memo's
+        # answer, can be judged first as one restore far from a full prefill (far_with_twin): still fail-class
+        # (seen 2026-12-03 on this server, 1 such fail, no foreign_state)
+        fails = [f for f in findings if f["kind"] == "fingerprint_mismatch" and f["severity"] == "fail"]
+        verdict = "far_with_twin"
     assert fails
     if verdict:
         assert all(f["evidence"]["twin_verdict"] == verdict for f in fails)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from support.hybrid_scenarios import small_fingerprint_scenario
 from support.cli import ROOT, report_json, run_hitproof
 from support.corrupting_proxy import CorruptingProxy
 from support.servers import BackgroundServer
@@ -43,20 +44,7 @@ def qwen():
     server.stop()
 
 
-SMALL = """
-[scenario]
-phases = ["rotation"]
-[evidence]
-codes = false
-fingerprints = true
-fingerprint_tolerance = 0.05
-recall_max_tokens = 12
-summary_max_tokens = 12
-[phases.rotation]
-slots = 4
-rounds = 4
-memo_tokens = 1200
-"""
+SMALL = small_fingerprint_scenario('["rotation"]', rounds=4)
 
 
 @pytest.mark.parametrize("mode,kind,phase", [("fp_foreign", "foreign_state", "rotation"),

@@ -14,6 +14,7 @@ import urllib.request
 
 import pytest
 
+from support.hybrid_scenarios import small_fingerprint_scenario
 from support.cli import report_json, run_hitproof, scenario
 from support.servers import BackgroundServer
 from tui.core.evidence.text import MemoText, SentenceSource, recall_suffix
@@ -56,20 +57,7 @@ def test_the_plugin_changes_nothing_unless_a_fault_is_named():
     assert [(t, lp) for _, t, lp in loaded] == [(t, lp) for _, t, lp in not_loaded]
 
 
-SMALL = """
-[scenario]
-phases = ["cold_hit", "rotation"]
-[evidence]
-codes = false
-fingerprints = true
-fingerprint_tolerance = 0.05
-recall_max_tokens = 12
-summary_max_tokens = 12
-[phases.rotation]
-slots = 4
-rounds = 4
-memo_tokens = 1200
-"""
+SMALL = small_fingerprint_scenario(rounds=4)
 
 
 @pytest.fixture(scope="module")

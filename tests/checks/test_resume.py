@@ -22,6 +22,9 @@ def test_only_a_server_that_resumes_recurrent_state_on_a_grid_may_excuse_anythin
     assert grid_restore({}, False)[0] is False                                                # nothing said
     assert grid_restore({}, True)[0] is True                      # llama.cpp's log shows context checkpoints
     assert "no recurrent state" in grid_restore({"mamba_cache_mode": "none"}, False)[1]
+    # attached llama.cpp, no log: a hit's suffix runs other batch shapes (a clean Gemma hit 0.37 nats off cold)
+    assert grid_restore({}, False, "llamacpp")[0] is True
+    assert grid_restore({}, False, "vllm")[0] is False
 
 
 def test_not_on_a_grid_nothing_is_excused_whatever_was_measured():

@@ -290,6 +290,33 @@ async def test_ctrl_c_stops_the_launched_server(tmp_path):
     assert any(e["type"] == "server_log" for e in evs)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+async def test_a_terminated_run_stops_the_launched_server_like_ctrl_c(tmp_path, sig):
+    """SIGTERM (a CI job's timeout) or SIGHUP (a closed terminal): without a handler Python dies at once and
+    the launched server runs on with nobody to stop it."""
+    log = tmp_path / "terminated.jsonl"
+    slow = SMALL.replace("rounds = 3", "rounds = 30")
+    proc = await asyncio.create_subprocess_exec(
+        *hitproof_argv("run", "--launch", f"{REFSERVER} --decode-ms-per-token 50", "--scenario",
+                       str(scenario(tmp_path, slow)), "--headless", "--record", str(log)),
+        cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not (log.exists() and any(e["type"] == "request_end" for e in events(log))):
+            assert time.monotonic() < deadline and proc.returncode is None
+            await asyncio.sleep(0.1)
+        proc.send_signal(sig)
+        err = (await asyncio.wait_for(proc.stderr.read(), 60)).decode()
+        code = await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert code == 130, err
+    assert group_alive(started_pid(err)) == []
+    evs = events(log)
+    assert evs[-1]["type"] == "run_end" and evs[-1]["verdict"] == "interrupted"
+
+
 async def test_app_server_log_pane_shows_the_launched_servers_output(tmp_path):
     """The live app on a launched server: its output reaches the server-log pane (key l); quitting
     stops the server."""

@@ -66,11 +66,11 @@ async def test_corrupted_hybrid_hits_are_caught(qwen, tmp_path, mode, kind, phas
     report = report_json(log)
     assert any(f["kind"] == kind and f["severity"] == "fail" and f["phase"] == phase for f in report["findings"])
     if mode == "fp_alter":
-        # attached (not launched), hitproof sees no checkpoint lines: the server is not known to resume on a
-        # grid, so nothing is put down to resuming (issue 32) and no sibling is consulted; the launched case,
-        # where the sibling decides, is tests/real/test_real_sibling.py
+        # attached llama.cpp resumes (resume.grid_restore: other batch shapes, checkpoints), so the resume cost
+        # is calibrated; the proxy shifts the calibration's hits too, but no calibration raises the excuse past
+        # RESUME_FACTOR tolerances (0.2 here), and 0.3 nats on every hit stays beyond it: never excused
         fails = [f for f in report["findings"] if f["kind"] == kind and f["severity"] == "fail"]
-        assert all(f["evidence"].get("twin_verdict") == "no_resume_excuse" for f in fails), fails
-        assert not [f for f in report["findings"] if (f.get("evidence") or {}).get("twin_verdict") == "sibling_same_cost"]
-
-
+        assert fails and not [f for f in report["findings"]
+                              if (f.get("evidence") or {}).get("twin_verdict") == "sibling_same_cost"]
+        resume = report["resume"]
+        assert resume["grid"] and resume["bound"] <= resume["ceiling"] + 1e-9, resume

@@ -262,3 +262,41 @@ async def test_each_block_carries_the_arrival_of_its_own_read():
             await client.aclose()
     assert [block for block, _ in stamps] == [events[0], b"".join(events[1:])]
     assert 0 < stamps[0][1] < stamps[1][1]                   # the second read's own arrival
+
+
+async def test_the_retry_of_an_unanswered_request_goes_on_a_new_connection():
+    """A server that has closed every idle connection (its keep-alive timeout passed for all of them at once):
+    a request on one of them is unanswered, and its retry must not take the next stale one."""
+    body = CHUNKED_HEAD + chunked(sse_events(["x"]))
+    connections = []
+
+    async def handle(reader, writer):
+        connections.append(writer)
+        first = True
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next((line.split(b":")[1] for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length")), b"0"))
+                await reader.readexactly(length)
+                if not first:         # a kept-alive connection: this server had already closed it
+                    break
+                first = False
+                await asyncio.sleep(0.05)      # long enough for the two first requests to overlap
+                writer.write(body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    client = OpenAIClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    try:
+        both = await asyncio.gather(client.stream(SPEC), client.stream(SPEC))    # two connections, both kept
+        third = await client.stream(SPEC)
+    finally:
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+    assert [r.text for r in both] + [third.text] == ["x", "x", "x"]
+    assert len(connections) == 3          # the two kept ones (the third request tried one), then a new one

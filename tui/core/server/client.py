@@ -21,7 +21,8 @@ from ..config.errors import ServerProblem
 from .sse import Event, SSEDecoder
 from .wire import (MAX_RETRIES, RETRY_CAP, RETRY_STATUSES, Completion, RequestSpec,  # noqa: F401
                    _cached_tokens, _describe, _error_text, _json_bytes, parse_logprobs, retry_delay)
-from .transport import CLOCK, JSON_HEADERS, STREAM_EXTENSIONS, StreamingTransport, direct_http_origin
+from .transport import (CLOCK, FRESH_STREAM_EXTENSIONS, JSON_HEADERS, STREAM_EXTENSIONS, StreamingTransport,
+                        direct_http_origin)
 
 # httpcore asks for sniffio on every plain request (current_async_library) and, where it is not installed,
 # searches the whole import path for it each time: 0.15 ms of a 1 ms request here (tokenize, metrics). Said
@@ -188,7 +189,7 @@ class OpenAIClient:
                     # A kept-alive connection the server had already closed (llama-server closes idle
                     # ones after 5 s): nothing was sent back, so the request never ran. Send it once more.
                     try:
-                        return await self._stream(spec, on_text)
+                        return await self._stream(spec, on_text, fresh=True)
                     except _Unanswered as again:
                         raise StreamError(f"{again} (twice: the request was sent again on a new connection)") \
                             from None
@@ -203,7 +204,8 @@ class OpenAIClient:
                 self.retries.append((exc.status, delay))
                 await asyncio.sleep(delay)
 
-    async def _stream(self, spec: RequestSpec, on_text: Callable[[str], None] | None = None) -> Completion:
+    async def _stream(self, spec: RequestSpec, on_text: Callable[[str], None] | None = None,
+                      fresh: bool = False) -> Completion:
         path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
         result = Completion()
         chat = spec.api == "chat"
@@ -217,7 +219,8 @@ class OpenAIClient:
         done = False                                  # data: [DONE] came
         try:
             async with self._http.stream("POST", self._urls[path], content=content, headers=JSON_HEADERS,
-                                         extensions=STREAM_EXTENSIONS) as response:
+                                         extensions=FRESH_STREAM_EXTENSIONS if fresh else STREAM_EXTENSIONS) \
+                    as response:
                 answered = True
                 result.headers = dict(response.headers)
                 # the streaming transport stamps when the request went on the wire and when each

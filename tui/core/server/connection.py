@@ -11,7 +11,11 @@ import struct
 import sys
 import time
 
-_KEEPALIVE_EXPIRY = 5.0           # seconds an idle connection is reused (httpx's default)
+# Seconds an idle connection is reused. llama-server (cpp-httplib) and vLLM (uvicorn) close idle ones after
+# 5 s, counted from their last write, which precedes our release: reusing one at 4.99 s by our clock raced
+# the server's close (llama.cpp, a request sent 5 s after the last phase, its retry on a second stale
+# connection: "closed the connection without sending a response (twice)", 1 run in 5, 2026-12-03).
+_KEEPALIVE_EXPIRY = 4.0
 _READ_HIGH_WATER = 4 << 20        # bytes buffered unread before the socket stops being read
 
 

@@ -36,6 +36,8 @@ from .connection import _NO_SELECTOR, _Clock, _Connection, _connect
 SSE = "hitproof.sse"
 CLOCK = "hitproof.clock"
 STREAM_EXTENSIONS = {SSE: True}
+FRESH = "hitproof.fresh"          # a request to send on a new connection, never a kept-alive one
+FRESH_STREAM_EXTENSIONS = {SSE: True, FRESH: True}
 JSON_HEADERS = {"Content-Type": "application/json"}
 _MAX_HEAD = 1 << 20               # a response head (or a chunk size line) larger than this is refused
 
@@ -160,7 +162,8 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             await slots.acquire()
         key = (request.url.host, request.url.port or 80)
         try:
-            conn = await self._connection(loop, key, request, timeouts.get("connect"))
+            conn = await self._connection(loop, key, request, timeouts.get("connect"),
+                                          fresh=bool(request.extensions.get(FRESH)))
         except BaseException:
             slots.release()
             raise
@@ -191,8 +194,12 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                               extensions={"http_version": version, "reason_phrase": response.reason,
                                           CLOCK: clock})
 
-    async def _connection(self, loop, key, request, timeout) -> _Connection:
+    async def _connection(self, loop, key, request, timeout, fresh: bool = False) -> _Connection:
         idle = self._idle.get(key)
+        if fresh and idle:          # a retry: every kept-alive connection may be as stale as the last one
+            for conn in idle:
+                conn.close()
+            idle.clear()
         now = loop.time()
         while idle:
             conn = idle.pop()

@@ -265,41 +265,14 @@ async def test_relay_orders_lines_after_the_header_and_the_engine_counts_its_fin
     await engine.aclose()
 
 
-async def test_ctrl_c_stops_the_launched_server(tmp_path):
-    log = tmp_path / "interrupted.jsonl"
+async def signal_a_launched_run(tmp_path, sig: int, preexec_fn=None) -> tuple[int, str, Path]:
+    """A slow launched soak, sent `sig` once its first answer is logged: (exit code, stderr, log)."""
+    log = tmp_path / "signalled.jsonl"
     slow = SMALL.replace("rounds = 3", "rounds = 30")
     proc = await asyncio.create_subprocess_exec(
         *hitproof_argv("run", "--launch", f"{REFSERVER} --decode-ms-per-token 50", "--scenario",
                        str(scenario(tmp_path, slow)), "--headless", "--record", str(log)),
-        cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, preexec_fn=ctrl_c_reaches_it)
-    try:
-        deadline = time.monotonic() + 120
-        while not (log.exists() and any(e["type"] == "request_end" for e in events(log))):
-            assert time.monotonic() < deadline and proc.returncode is None
-            await asyncio.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        err = (await asyncio.wait_for(proc.stderr.read(), 60)).decode()
-        code = await asyncio.wait_for(proc.wait(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-    assert code == 130, err
-    assert group_alive(started_pid(err)) == []
-    evs = events(log)
-    assert evs[0]["type"] == "header" and evs[-1]["type"] == "run_end" and evs[-1]["verdict"] == "interrupted"
-    assert any(e["type"] == "server_log" for e in evs)
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-async def test_a_terminated_run_stops_the_launched_server_like_ctrl_c(tmp_path, sig):
-    """SIGTERM (a CI job's timeout) or SIGHUP (a closed terminal): without a handler Python dies at once and
-    the launched server runs on with nobody to stop it."""
-    log = tmp_path / "terminated.jsonl"
-    slow = SMALL.replace("rounds = 3", "rounds = 30")
-    proc = await asyncio.create_subprocess_exec(
-        *hitproof_argv("run", "--launch", f"{REFSERVER} --decode-ms-per-token 50", "--scenario",
-                       str(scenario(tmp_path, slow)), "--headless", "--record", str(log)),
-        cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, preexec_fn=preexec_fn)
     try:
         deadline = time.monotonic() + 120
         while not (log.exists() and any(e["type"] == "request_end" for e in events(log))):
@@ -311,6 +284,23 @@ async def test_a_terminated_run_stops_the_launched_server_like_ctrl_c(tmp_path, 
     finally:
         if proc.returncode is None:
             proc.kill()
+    return code, err, log
+
+
+async def test_ctrl_c_stops_the_launched_server(tmp_path):
+    code, err, log = await signal_a_launched_run(tmp_path, signal.SIGINT, preexec_fn=ctrl_c_reaches_it)
+    assert code == 130, err
+    assert group_alive(started_pid(err)) == []
+    evs = events(log)
+    assert evs[0]["type"] == "header" and evs[-1]["type"] == "run_end" and evs[-1]["verdict"] == "interrupted"
+    assert any(e["type"] == "server_log" for e in evs)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+async def test_a_terminated_run_stops_the_launched_server_like_ctrl_c(tmp_path, sig):
+    """SIGTERM (a CI job's timeout) or SIGHUP (a closed terminal): without a handler Python dies at once and
+    the launched server runs on with nobody to stop it."""
+    code, err, log = await signal_a_launched_run(tmp_path, sig)
     assert code == 130, err
     assert group_alive(started_pid(err)) == []
     # the log's run_end is written only where SIGINT is not ignored (asyncio's runner then cancels the main

@@ -79,3 +79,30 @@ def test_the_report_says_the_cost_the_bound_and_the_margin():
     assert d["allowed"] and d["ceiling"] == 0.2 and d["floor"] == 0.05 and len(d["pairs"]) == 1
     assert "margin 4.5x" in c.words()
     assert "nothing is put down" in calibration(False, "attention only", 0.5, [], 0).words()
+
+
+def test_a_hit_path_problem_may_be_the_models_only_where_the_hit_takes_a_tie_resuming_reaches():
+    """The judge's rule for a loop, an empty answer or a missed code on a hit whose cold control is right:
+    only a hit that leaves its control's greedy path at a tie (within the calibrated bound: the flip's
+    margin one spike of it, the tokens before it within it) may have its twin consulted. A restore wrong
+    on every hit (refserver repeat_token: the hit's first token not even among the control's top-k; a
+    state that moves every position) never is, nor is anything on a server that does not resume."""
+    from types import SimpleNamespace
+    from tui.core.soak.judge import took_a_tie
+
+    def run(tokens, fingerprint=None):
+        return SimpleNamespace(checks={"fingerprint": fingerprint} if fingerprint else {},
+                               completion=SimpleNamespace(logprobs=tokens))
+
+    control = run(lp(("a", -1.0, "b", -2.0), ("c", -1.0, "=", -1.25), ("d", -1.0, "e", -3.0)))
+    looped = run(lp(("a", -1.02, "b", -2.0), ("=", -1.05, "c", -1.2), ("=", -0.5, "d", -3.0)))
+    moved = run(lp(("a", -1.4, "b", -2.0), ("=", -1.05, "c", -1.2), ("=", -0.5, "d", -3.0)))
+    replaced = run(lp(("x", -0.1, "y", -5.0), ("x", -0.1, "y", -5.0)))
+    c = calibration(True, "align", 0.05, [pair(0.02)], 3)        # bound 0.09: a flip up to 0.27 behind
+    assert took_a_tie(looped, control, c)                        # 0.25 behind, 0.02 before it
+    assert not took_a_tie(moved, control, c)                     # 0.4 moved before the flip: a wrong state
+    assert not took_a_tie(replaced, control, c)                  # not among the control's top-k
+    assert not took_a_tie(looped, control, calibration(False, "attention only", 0.05, [pair(0.02)], 3))
+    assert not took_a_tie(looped, control, None)
+    assert not took_a_tie(looped, run([]), c)                    # no log-probabilities: nothing shows a tie
+    assert took_a_tie(run([], {"near_tie_token": 3}), control, None)     # the fingerprint saw the tie

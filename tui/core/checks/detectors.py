@@ -278,7 +278,7 @@ class FingerprintMatch:
         return (self.agreeing, -self.distance) > (other.agreeing, -other.distance)
 
 
-def _entries(position: list) -> dict:
+def position_entries(position: list) -> dict:
     entries = {tok: lp for tok, lp in position[2] if lp is not None}
     if position[1] is not None:
         entries.setdefault(position[0], position[1])
@@ -291,7 +291,7 @@ def fingerprint_match(run: list[list], fingerprint: list[list], tokens: int) -> 
     deviations = [0.0, 0.0]      # the two largest per-position deviations
     shared = False
     for x, y in zip(a, b):
-        mine, theirs = _entries(x), _entries(y)
+        mine, theirs = position_entries(x), position_entries(y)
         here = 0.0
         for tok in mine.keys() & theirs.keys():
             chosen = tok in (x[0], y[0])
@@ -314,7 +314,7 @@ def fingerprint_prepare(run: list[list], tokens: int) -> tuple:
     compared with many runs (FingerprintBook) is not re-read each time. prepared_match(prepare(a),
     prepare(b)) == fingerprint_match(a, b) (tests/checks/test_fingerprint_prepared.py holds them equal;
     fingerprint_match stays as it is: the repro script carries its source)."""
-    return tuple((x[0], _entries(x)) for x in run[:tokens])
+    return tuple((x[0], position_entries(x)) for x in run[:tokens])
 
 
 def prepared_match(a: tuple, b: tuple) -> FingerprintMatch:

@@ -128,3 +128,30 @@ class FingerprintBook:
                 if best is None or key > (best.agreeing, -best.distance):
                     best = Closest(a.task, a.memo, b.memo, m.agreeing, m.distance, self.distinct(a, b))
         return best
+
+
+def position_deviations(run: list[list], fingerprint: list[list], tokens: int) -> list[float]:
+    """Each position's deviation as fingerprint_match measures it (the chosen tokens and the alternatives
+    above checks.ALTERNATIVE_FLOOR both runs list), over the first `tokens`, up to and including the first token
+    that differs: the profile behind its largest and second-largest."""
+    out = []
+    for x, y in zip(run[:tokens], fingerprint[:tokens]):
+        mine, theirs = checks.position_entries(x), checks.position_entries(y)
+        here = 0.0
+        for tok in mine.keys() & theirs.keys():
+            if tok not in (x[0], y[0]) and max(mine[tok], theirs[tok]) < checks.ALTERNATIVE_FLOOR:
+                continue
+            here = max(here, abs(mine[tok] - theirs[tok]))
+        out.append(round(here, 6))
+        if x[0] != y[0]:
+            break
+    return out
+
+
+def typical_deviation(deviations: list[float]) -> float:
+    """The median position's deviation: what moves everywhere, not at a spike or two (inf: nothing)."""
+    if not deviations:
+        return float("inf")
+    ordered = sorted(deviations)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

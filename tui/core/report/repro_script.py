@@ -14,7 +14,7 @@ from .repro_other import flow_source
 # The detectors the script needs, in order (a regex constant is written from its pattern).
 _COPIED = ("_GROUP", "_SEPARATORS", "Recall", "check_recall", "ForeignCode", "find_foreign_codes", "is_empty",
            "Repetition", "_REPEAT", "find_repetition", "_may_repeat", "first_divergence", "ALTERNATIVE_FLOOR",
-           "SPIKE_FACTOR", "FingerprintMatch", "_entries", "fingerprint_match")
+           "SPIKE_FACTOR", "FingerprintMatch", "position_entries", "fingerprint_match")
 
 
 def detector_source() -> str:

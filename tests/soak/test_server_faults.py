@@ -192,8 +192,8 @@ async def test_a_stream_cut_before_its_finish_reason_exits_3(refserver, tmp_path
 @pytest.mark.parametrize("down", [1.0, 0.0], ids=["refused-for-a-second", "switched-between-requests"])
 async def test_a_restart_mid_soak_ends_the_run_and_keeps_the_log(refserver, tmp_path, down):
     spare = await start_refserver(port=0, fault="none")
-    # after the resume calibration's requests (6 on the reference server, issue 32), inside cold_hit
-    proxy = await FaultProxy(refserver.url, "restart", after=11, spare=spare.url, down=down).start()
+    # after the resume calibration's 9 requests (3 prompts, each cold and resumed twice), inside cold_hit
+    proxy = await FaultProxy(refserver.url, "restart", after=14, spare=spare.url, down=down).start()
     try:
         result, events = await soak(tmp_path, proxy.url, '["cold_hit", "conversation", "control"]')
     finally:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two trainings at once on the one GPU (issue 33, call 5, 2026-12-03), each its own process:
+# Two trainings at once on the one GPU (issue 33, call 5, written 2026-12-03, run 2026-12-04), each its own process:
 #  - "first": the hybrid from benchmarks/gpu/recall/checkpoint (call 4's model, which copies the code's last 11
 #    digits and gets the first wrong) with the first digit's loss weighed up (--first-weight), memos of
 #    1,000-5,000 tokens, judged at 1,500, 3,000 and 4,500 (the scenarios' lengths and the field report's);

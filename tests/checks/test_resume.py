@@ -4,7 +4,7 @@ all, the calibration's bound, and the calibration that a restore wrong on every 
 import math
 
 from tui.core.checks.detectors import LogprobComparison
-from tui.core.soak.resume import RESUME_FACTOR, RESUME_MARGIN, Pair, calibration, grid_restore, pair_of
+from tui.core.soak.resume import RESUME_FACTOR, RESUME_MARGIN, Pair, calibration, grid_restore, landed_on, pair_of
 
 
 def lp(*tokens):
@@ -130,3 +130,24 @@ def test_a_prompts_cost_is_the_closer_of_its_resumes_so_a_restore_that_varies_ca
     assert same.measured == 0.03 and same.apart == 0.0 and "apart" not in same.words()
     # a decisive part on either resume still voids the calibration
     assert calibration(True, "align", tol, [again, Pair(3, 4, 1536, 12, 0.4, 0.4, 2, None, 0.0)], 3).void
+
+
+def test_a_calibration_resume_that_lands_on_another_prompts_answer_voids_the_calibration():
+    # measured (CI, 2026-12-04, a proxy answering every hit with another memo's cold answer): the second and third
+    # calibration prompts' resumes were the first prompt's cold answer, 0.34-0.58 from their own; before, the bound
+    # rose to the ceiling and the run's foreign hits were excused as resume costs
+    first = lp((" a", -0.1, " b", -2.0), (" c", -0.2, " d", -1.0), (" e", -0.3, " f", -3.0))
+    second = lp((" a", -0.5, " b", -1.6), (" c", -0.6, " d", -1.2), (" e", -0.7, " f", -2.5))
+    assert landed_on(first, second, {1: first}, 12, 0.05) == 1           # the resume is exactly prompt 1's answer
+    assert landed_on(second, second, {1: first}, 12, 0.05) is None        # its own answer
+    near_own = lp((" a", -0.52, " b", -1.6), (" c", -0.6, " d", -1.2), (" e", -0.7, " f", -2.5))
+    assert landed_on(near_own, second, {1: first}, 12, 0.05) is None      # within the tolerance of its own
+    # a clean resume that parts from its own at a near tie and shares more leading tokens with another prompt's
+    # answer, far from it in log-probabilities, is not that prompt's (measured, clean bf16, 2026-12-04)
+    tie = lp((" a", -0.5, " b", -1.6), (" x", -0.61, " c", -0.62), (" e", -0.7, " f", -2.5))
+    other = lp((" a", -1.1, " b", -1.6), (" x", -0.2, " c", -2.0), (" e", -1.2, " f", -2.5))
+    assert landed_on(tie, second, {1: other}, 12, 0.05) is None
+    p = Pair(4, 5, 1536, 12, 0.34, 0.55, None, None, 0.55, landed_on=1)
+    c = calibration(True, "align", 0.05, [pair(0.0), p], 3)
+    assert c.void and not c.allowed and "request 5 lands on request 1's answer" in c.void
+    assert c.to_dict()["pairs"][1]["landed_on"] == 1

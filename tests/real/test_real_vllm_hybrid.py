@@ -77,14 +77,17 @@ async def test_wrong_states_on_hits_are_fail_class(bf16, tmp_path, mode, kind, v
     assert result.code == 1, result.out + result.err
     findings = report_json(log)["findings"]
     fails = [f for f in findings if f["kind"] == kind and f["severity"] == "fail"]
+    verdicts = {verdict} if verdict else None
     if mode == "fp_foreign" and not fails:
         # since the resume calibration (issue 32) the hit and its twin, both answered with another memo's
         # answer, can be judged first as one restore far from a full prefill (far_with_twin): still fail-class
-        # (seen 2026-12-03 on this server, 1 such fail, no foreign_state)
+        # (seen 2026-12-03 on this server, 1 such fail, no foreign_state); or the calibration's own resumes land
+        # on another calibration prompt's answer, it is void, and nothing is put down to resuming
+        # (no_resume_excuse; CI 2026-12-04: before that rule the run PASSed)
         fails = [f for f in findings if f["kind"] == "fingerprint_mismatch" and f["severity"] == "fail"]
-        verdict = "far_with_twin"
+        verdicts = {"far_with_twin", "no_resume_excuse"}
     assert fails
-    if verdict:
-        assert all(f["evidence"]["twin_verdict"] == verdict for f in fails)
+    if verdicts:
+        assert all(f["evidence"].get("twin_verdict") in verdicts for f in fails), fails
 
 

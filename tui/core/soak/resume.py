@@ -21,6 +21,13 @@ next (hitproof's in-engine foreign_state fault, alone in the batch) gives one wr
 beside a right one. The prompt's cost is the closer of its two resumes, so a fault that varies cannot raise
 what the run excuses (CI, 2026-12-04: it raised the bound to the ceiling and the fault PASSed).
 
+A calibration resume that is another calibration prompt's cold answer (within the tolerance) and not its own
+took another request's state: the calibration is void. Measured (CI, 2026-12-04): a
+proxy answering every hit with another memo's cold answer handed the calibration's second and third prompts
+the first's answer (0.0 from it, 0.34 and 0.58 from their own), the bound rose to the ceiling, and the
+run's foreign hits were excused as resume costs (PASS). On clean servers a resume is 0.0-0.034 from its own
+cold answer (issue 32's table), other memos 0.1 and more.
+
 A calibration hit whose tokens part from its cold run at a token no resume cost could flip (the hit's
 token is not among the cold path's top-k, or behind by more than SPIKE_FACTOR times the ceiling) shows
 a restore that changes answers outright: the calibration is void and nothing is excused in the run.
@@ -106,6 +113,7 @@ class Pair:
     parted_at: int | None        # first output token that differs over the whole answer (None: the same)
     margin: float | None         # the cold path's margin there (None: the hit's token is not in its top-k)
     prefix_delta: float          # largest chosen-token deviation before it
+    landed_on: int | None = None  # another calibration prompt's cold request whose answer this resume is
 
     @property
     def cost(self) -> float:
@@ -120,13 +128,26 @@ class Pair:
     def to_dict(self) -> dict[str, Any]:
         return {"cold_request": self.cold, "hit_request": self.hit, "cached": self.cached, "agreeing": self.agreeing,
                 "second": _num(self.second), "distance": _num(self.distance), "parted_at": self.parted_at,
-                "margin": self.margin, "prefix_delta": self.prefix_delta}
+                "margin": self.margin, "prefix_delta": self.prefix_delta, "landed_on": self.landed_on}
 
 
 def pair_of(cold: int, hit: int, cached: int | None, cold_lp: list, hit_lp: list, tokens: int) -> Pair:
     m = fingerprint_match(hit_lp, cold_lp, tokens)
     flip = compare_logprobs(cold_lp, hit_lp)
     return Pair(cold, hit, cached, m.agreeing, m.second, m.distance, flip.token, flip.margin, flip.max_prefix_delta)
+
+
+def landed_on(hit_lp: list, own_cold_lp: list, others: dict[int, list], tokens: int, tolerance: float) -> int | None:
+    """The cold request of another calibration prompt whose answer this resume is, within the tolerance, while
+    it is not its own prompt's (None: it is its own's, or nobody's). "Closer" by leading tokens alone is no
+    test: measured, a clean bf16 resume parted from its own cold answer at a near tie after 6 tokens (0.031
+    nats) and agreed 12 tokens with another prompt's, 0.573 apart. Different memos' cold answers were at
+    least 0.242 apart on the clean soaks (14 of them, 2026-12-04): 4.8 tolerances."""
+    if fingerprint_match(hit_lp, own_cold_lp, tokens).matches(tolerance):
+        return None
+    landed = [(m.distance, request) for request, lp in others.items()
+              if (m := fingerprint_match(hit_lp, lp, tokens)).matches(tolerance)]
+    return min(landed)[1] if landed else None
 
 
 @dataclass(frozen=True)
@@ -214,8 +235,14 @@ class Calibration:
 def calibration(grid: bool, why: str, tolerance: float, pairs: list[Pair], tried: int) -> Calibration:
     ceiling = RESUME_FACTOR * tolerance
     decisive = [p for p in pairs if p.decisive(ceiling)]
+    landed = [p for p in pairs if p.landed_on is not None]
     void = ""
-    if decisive:
+    if landed:
+        p = landed[0]
+        void = (f"{len(landed)} of {len(pairs)} calibration resumes answer as another calibration prompt's cold "
+                f"request did, not as their own (request {p.hit} lands on request {p.landed_on}'s answer): another "
+                f"request's state, not arithmetic")
+    elif decisive:
         p = decisive[0]
         behind = "not among its top-k" if p.margin is None else f"{p.margin:.4f} nats behind"
         void = (f"{len(decisive)} of {len(pairs)} calibration prompts resumed at a grid line change their answer "
@@ -255,6 +282,8 @@ async def _calibrate(rq, state) -> Calibration:
     if not grid:
         return Calibration(grid, why, e.fingerprint_tolerance)
     pairs: list[Pair] = []
+    colds: dict[int, list] = {}              # cold request -> its log-probabilities
+    resumes: list[tuple[Pair, list]] = []     # each resume with its log-probabilities
     for i in range(CALIBRATION_PROMPTS):
         memo = await rq.memo(state, tokens=e.memo_tokens, with_code=False, tag=f"resume{i}")   # no code to leak
         # its own log-probabilities, whether or not the scenario compares fingerprints (determinism and mix
@@ -266,15 +295,21 @@ async def _calibrate(rq, state) -> Calibration:
         cold = await rq.send(state, spec, expect="cold", **where)
         if not cold.cold or not cold.completion.logprobs:
             continue
+        colds[cold.request] = cold.completion.logprobs
         resumed = 0
         for _ in range(TRIES + RESUMES - 1):
             hit = await rq.send(state, spec, expect="hit", **where)
             if hit.hit and hit.completion.logprobs:
-                pairs.append(pair_of(cold.request, hit.request, hit.cached, cold.completion.logprobs,
-                                     hit.completion.logprobs, e.fingerprint_tokens))
+                resumed_pair = pair_of(cold.request, hit.request, hit.cached, cold.completion.logprobs,
+                                       hit.completion.logprobs, e.fingerprint_tokens)
+                resumes.append((resumed_pair, hit.completion.logprobs))
                 resumed += 1
                 if resumed == RESUMES:
                     break
             elif resumed:
                 break                 # resumed once, then not at all: one resume measured
+    for p, hit_lp in resumes:
+        others = {request: lp for request, lp in colds.items() if request != p.cold}
+        pairs.append(dataclasses.replace(p, landed_on=landed_on(hit_lp, colds[p.cold], others, e.fingerprint_tokens,
+                                                                e.fingerprint_tolerance)))
     return calibration(grid, why, e.fingerprint_tolerance, pairs, CALIBRATION_PROMPTS)

@@ -103,7 +103,7 @@ def grid_restore(cache_config: dict | None, checkpoints_seen: bool, dialect: str
 
 @dataclass(frozen=True)
 class Pair:
-    """One calibration prompt: its cold prefill against its repeat resumed at a grid line."""
+    """One resume of a calibration prompt: its cold prefill against a repeat resumed at a grid line."""
     cold: int                    # request ids
     hit: int
     cached: int | None           # where the repeat resumed (tokens)

@@ -121,8 +121,11 @@ async def test_the_same_early_change_on_every_hit_fails_on_an_attention_only_mod
     excuse it as what resuming costs: fail-class, with nothing calibrated and nothing put down to resuming."""
     proxy = await CorruptingProxy(vllm.url, "early_change").start()
     log = tmp_path / "early.jsonl"
-    text = SMALL.format(phases='["conversation"]').replace(   # fingerprints: the proxy changes logprob'd answers
-        "[evidence]\n", "[evidence]\nfingerprints = true\nfingerprint_tolerance = 0.5\n") + "[sampling]\ntemperature = 0.0\n"
+    # fingerprints: the proxy changes logprob'd answers; no codes, so that no turn answers with a code alone (a
+    # fresh-clone CI, stop 37: the only hit answered digits, nothing was changed)
+    text = SMALL.format(phases='["conversation"]').replace(
+        "[evidence]\n", "[evidence]\ncodes = false\nfingerprints = true\nfingerprint_tolerance = 0.5\n") + \
+        "[sampling]\ntemperature = 0.0\n"
     try:
         result = await run_hitproof("run", "--attach", proxy.url, "--headless", "--record", str(log),
                                     "--scenario", str(scenario(tmp_path, text)), timeout=900)

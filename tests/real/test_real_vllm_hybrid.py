@@ -19,9 +19,11 @@ from support.servers import BackgroundServer
 HYBRID = str(ROOT / "scenarios" / "hybrid-quick.toml")
 # What a correct hybrid vLLM may leave a phase inconclusive for: the engine's reuse loss, named; and, on
 # this random-weight model, memos whose fingerprints write the same 12 tokens 0.22-0.27 apart (rotation),
-# too close to tell a restored state from a wrong one at what resuming costs (twin_judge.resolves)
+# too close to tell a restored state from a wrong one at what resuming costs (twin_judge.resolves); and hits
+# whose tokens part from their twin's (or cold run's) where another prompt's part too, "not told apart": 4 of
+# 104 hybrid-quick runs on this server, bf16 (2026-12-04), and the fresh-clone CI of stop 37
 REUSE_LOSS = ("reported 0 cached tokens", "did not rise", "no request got a cache hit", "kept no state",
-              "fingerprints do not tell states apart")
+              "fingerprints do not tell states apart", "not told apart")
 
 
 @pytest.fixture(scope="module")

@@ -67,6 +67,19 @@ def test_early_change_replaces_an_early_word_outside_the_top_k_and_moves_every_l
     assert changed[2]["choices"][0]["logprobs"]["content"][0]["logprob"] == pytest.approx(-0.6)
 
 
+def test_early_change_on_an_answer_opening_with_digits_changes_its_first_word_after_them():
+    """A fresh-clone CI (stop 37): the only hit answered with a code, no word among tokens 2..8, and the proxy
+    changed nothing. Past token 8 the first word after token 2 is changed; an answer with no word is left."""
+    digits = [" 6", "5", "1", "1", "-", "2", "7", "4", "6", ".", "\n", "User", ":"]
+    chunks = [{"choices": [{"index": 0, "text": t, "logprobs": {"tokens": [t], "token_logprobs": [-0.1],
+                                                                 "top_logprobs": [{t: -0.1}]}}]} for t in digits]
+    proxy = CorruptingProxy("http://127.0.0.1:9", "early_change")
+    out = proxy._early_change(chunks, chat=False)
+    assert "".join(c["choices"][0]["text"] for c in out) == " 6511-2746.\n meanwhile:" and proxy.corrupted == 1
+    proxy._early_change(chunks[:11], chat=False)
+    assert proxy.corrupted == 1                    # nothing to change: not counted
+
+
 async def soak_through(tmp_path, mode: str) -> tuple[int, dict, str, CorruptingProxy]:
     handle = await start_refserver(port=0, seed=0)
     proxy = await CorruptingProxy(handle.url, mode).start()

@@ -260,19 +260,24 @@ class CorruptingProxy:
         return altered
 
     def _early_change(self, chunks: list[dict], chat: bool) -> list[dict]:
-        """early_change: the first alphabetic token among output tokens 2..8 replaced by a word its top-k does
-        not list, every log-probability EARLY_SHIFT lower (chosen tokens and alternatives)."""
+        """early_change: the first alphabetic token among output tokens 2..8 (past them, the first one after
+        token 2: an answer may open with digits) replaced by a word its top-k does not list, every
+        log-probability EARLY_SHIFT lower (chosen tokens and alternatives)."""
         altered = json.loads(json.dumps(chunks))
-        index, changed = 0, False
+        tokens = [token for chunk in altered for choice in chunk.get("choices") or []
+                  for token in _logprob_tokens(choice.get("logprobs") or {})]
+        words = [k for k, token in enumerate(tokens) if k >= 2 and token.strip().isalpha()]
+        target = next((k for k in words if k <= 8), words[0] if words else None)
+        index = 0
         for chunk in altered:
             for choice in chunk.get("choices") or []:
                 logprobs = choice.get("logprobs") or {}
                 if logprobs.get("content"):                              # chat (and llama.cpp) format
                     for entry in logprobs["content"]:
                         top = {alt.get("token") for alt in entry.get("top_logprobs") or []}
-                        if not changed and 2 <= index <= 8 and entry.get("token", "").strip().isalpha():
+                        if index == target:
                             word = next(w for w in EARLY_WORDS if w not in top and w != entry["token"])
-                            old, entry["token"], changed = entry["token"], word, True
+                            old, entry["token"] = entry["token"], word
                             entry["bytes"] = list(word.encode())
                             _replace_text(choice, chat, old, word)
                         entry["logprob"] -= EARLY_SHIFT
@@ -280,18 +285,18 @@ class CorruptingProxy:
                             alt["logprob"] -= EARLY_SHIFT
                         index += 1
                 elif "token_logprobs" in logprobs:                        # completions format (vLLM)
-                    tokens = logprobs.get("tokens") or []
-                    tops = logprobs.get("top_logprobs") or [{} for _ in tokens]
-                    for k, token in enumerate(tokens):
-                        if not changed and 2 <= index <= 8 and token.strip().isalpha():
+                    listed = logprobs.get("tokens") or []
+                    tops = logprobs.get("top_logprobs") or [{} for _ in listed]
+                    for k, token in enumerate(listed):
+                        if index == target:
                             word = next(w for w in EARLY_WORDS if w not in (tops[k] or {}) and w != token)
-                            tokens[k], changed = word, True
+                            listed[k] = word
                             _replace_text(choice, chat, token, word)
                         index += 1
                     logprobs["token_logprobs"] = [None if v is None else v - EARLY_SHIFT
                                                   for v in logprobs["token_logprobs"]]
                     logprobs["top_logprobs"] = [{k: v - EARLY_SHIFT for k, v in (top or {}).items()} for top in tops]
-        if changed:
+        if target is not None:
             self.corrupted += 1
         return altered
 
@@ -343,6 +348,13 @@ def _changed_memo(text: str, mode: str) -> str | None:
         return rest
     keep = memo.rfind(". ", 0, int(len(memo) * (1 - STALE_FRACTION)))
     return memo[:keep + 1] + rest if keep > 0 else rest
+
+
+def _logprob_tokens(logprobs: dict) -> list[str]:
+    """A choice's output tokens, chat (and llama.cpp) or completions format."""
+    if logprobs.get("content"):
+        return [entry.get("token", "") for entry in logprobs["content"]]
+    return list(logprobs.get("tokens") or []) if "token_logprobs" in logprobs else []
 
 
 def _replace_text(choice: dict, chat: bool, old: str, new: str) -> None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two trainings at once on the one GPU (issue 33, call 5, written 2026-12-03, run 2026-12-04), each its own process:
-#  - "first": the hybrid from benchmarks/gpu/recall/checkpoint (call 4's model, which copies the code's last 11
+#  - "first": the hybrid from tui/embedded/recall_model (call 4's model, which copies the code's last 11
 #    digits and gets the first wrong) with the first digit's loss weighed up (--first-weight), memos of
 #    1,000-5,000 tokens, judged at 1,500, 3,000 and 4,500 (the scenarios' lengths and the field report's);
 #  - "recurrent": the recurrent layout (no attention layer: the code can only cross the memo in the state)
@@ -11,7 +11,7 @@ set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 2
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 mkdir -p /tmp/m
-python3 tui/embedded/recall_train.py --tokenizer .gpu-carry/tok --init benchmarks/gpu/recall/checkpoint \
+python3 tui/embedded/recall_train.py --tokenizer .gpu-carry/tok --init tui/embedded/recall_model \
     --out /tmp/m/first --layout hybrid --minutes "${FIRST_MINUTES:-6}" --first-weight "${FIRST_WEIGHT:-8}" \
     --lr 1.5e-3 --hold 0 --ramp 0.4 --start-len 1000 --max-len 5000 --batch-tokens 65536 --seed 36 \
     --eval-lengths 1500,3000,4500 --eval-n 48 > /tmp/m/first.log 2>&1 &

@@ -204,13 +204,27 @@ def batch_of(ex: Examples, length: int, budget: int, device):
     return ids.to(device), kind.to(device)
 
 
-def loss_of(model, ids, kind, first_weight: float = 1.0):
+def attention_mask(length: int, window: int, device):
+    """--attention-window: each full-attention layer sees only the last `window` positions (itself
+    included), so that the code cannot cross the memo in attention, only in the recurrent state; None:
+    full causal attention (what the engines serve)."""
+    if not window:
+        return None
+    import torch
+
+    at = torch.arange(length, device=device)
+    back = at[:, None] - at[None, :]
+    return {"full_attention": ((back >= 0) & (back < window))[None, None], "linear_attention": None}
+
+
+def loss_of(model, ids, kind, first_weight: float = 1.0, window: int = 0):
     """(loss, answer loss, memo-text loss): each normalised on its own, so that a 1,500-token memo's text
     does not drown the 16 answer tokens (a first GPU run that weighed them per token learned the text
     and recalled nothing in 420 steps)."""
     import torch.nn.functional as F
 
-    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+    logits = model(input_ids=ids, attention_mask=attention_mask(ids.shape[1], window, ids.device),
+                   use_cache=False).logits[:, :-1].float()
     target, k = ids[:, 1:].reshape(-1), kind[:, 1:].reshape(-1)
     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target, reduction="none")
     first = (k == FIRST).float()
@@ -220,7 +234,8 @@ def loss_of(model, ids, kind, first_weight: float = 1.0):
     return answer_loss + LM_WEIGHT * text_loss, answer_loss, text_loss
 
 
-def evaluate(model, ex: Examples, device, lengths: list[int], per_length: int, tasks=("recall",)) -> dict:
+def evaluate(model, ex: Examples, device, lengths: list[int], per_length: int, tasks=("recall",),
+             window: int = 0) -> dict:
     """Exact recall by teacher forcing: the answer's code tokens are each the argmax given the prompt and
     the code so far, which is exactly what greedy decoding would emit. One batched forward per length."""
     import torch
@@ -243,7 +258,8 @@ def evaluate(model, ex: Examples, device, lengths: list[int], per_length: int, t
                     ids = torch.full((len(chunk), width), EOS, dtype=torch.long)
                     for j, (p, a) in enumerate(chunk):
                         ids[j, :len(p) + len(a)] = torch.tensor(p + a)
-                    pred = model(input_ids=ids.to(device), use_cache=False).logits.argmax(-1).cpu()
+                    pred = model(input_ids=ids.to(device), attention_mask=attention_mask(width, window, device),
+                                 use_cache=False).logits.argmax(-1).cpu()
                     for j, (p, a) in enumerate(chunk):
                         exact += bool((pred[j, len(p) - 1:len(p) + len(a) - 1] == torch.tensor(a)).all())
                 out[f"{task}@{length}"] = round(exact / per_length, 4)
@@ -270,6 +286,8 @@ def main() -> None:
     p.add_argument("--ramp", type=float, default=0.6, help="share of the budget by which lengths reach --max-len")
     p.add_argument("--eval-lengths", default="800,1500,3000,4500,6000")
     p.add_argument("--eval-n", type=int, default=32)
+    p.add_argument("--attention-window", type=int, default=0,
+                   help="train with each attention layer seeing only this many positions (0: all); evaluated both ways")
     args = p.parse_args()
 
     import torch
@@ -306,7 +324,7 @@ def main() -> None:
             group["lr"] = lr
         ids, kind = batch_of(ex, length, args.batch_tokens, device)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss, answer_loss, text_loss = loss_of(model, ids, kind, args.first_weight)
+            loss, answer_loss, text_loss = loss_of(model, ids, kind, args.first_weight, args.attention_window)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -324,6 +342,10 @@ def main() -> None:
     scores = evaluate(model, ex, device, lengths, args.eval_n,
                       tasks=("recall", "recall_suffix", "conversation", "agent"))
     say(f"exact recall: {json.dumps(scores)}")
+    if args.attention_window:       # what the training saw: the code carried by the state alone
+        windowed = evaluate(model, ex, device, lengths, args.eval_n, tasks=("recall", "conversation"),
+                            window=args.attention_window)
+        say(f"exact recall, attention windowed to {args.attention_window}: {json.dumps(windowed)}")
 
     args.out.mkdir(parents=True, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(str(args.out), safe_serialization=True)
@@ -336,7 +358,9 @@ def main() -> None:
               "seed": args.seed, "lr": args.lr, "first_weight": args.first_weight, "init": str(args.init) if args.init else None, "batch_tokens": args.batch_tokens, "max_len": args.max_len,
               "torch": torch.__version__, "transformers": transformers.__version__, "device": str(device),
               "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-              "exact_recall": scores, "command": " ".join(sys.argv)}
+              "exact_recall": scores, "command": " ".join(sys.argv), "attention_window": args.attention_window}
+    if args.attention_window:
+        result["exact_recall_windowed"] = windowed
     (args.out / "train.log").write_text("\n".join(json.dumps(e) for e in log) + "\n", encoding="utf-8")
     (args.out / "result.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     print("train-result: " + json.dumps(result), flush=True)

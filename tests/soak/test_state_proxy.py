@@ -10,6 +10,7 @@ import pytest
 
 from support.cli import report_json, run_hitproof, scenario
 from support.corrupting_proxy import CorruptingProxy, _changed_memo
+from tui.core.evidence.text import memo_heading, section_heading
 from tui.refserver import start_refserver
 
 # hybrid-quick's evidence on two of its phases (the full soak runs on the GPU): a hit and its repeat, then
@@ -35,18 +36,24 @@ slots = 4
 rounds = 3
 memo_tokens = 1200
 """
-PROMPT = ("Memo m01, run abcdef. Internal reconciliation record, kept by the accounts office.\n"
-          "Section 1. One sentence here. Two sentences here. Three sentences here. Four sentences here."
-          "\n\nQuestion: Summarize this memo.\nAnswer:")
+# as MemoText.render writes it: the heading line, a blank line, sections one a line (the code in section 2)
+MEMO = (memo_heading("m01", "abcdef") + section_heading(1) + "One sentence here. Two sentences here."
+        + section_heading(2) + "The reconciliation code for this memo is 1234-5678-9012. Keep it verbatim."
+        + " Three sentences here. Four sentences here.")
+QUESTION = "\n\nQuestion: Summarize this memo.\nAnswer:"
+PROMPT = MEMO + QUESTION
 
 
 def test_the_memo_is_removed_or_cut_back_and_the_question_kept():
-    assert _changed_memo(PROMPT, "fp_zero") == "\n\nQuestion: Summarize this memo.\nAnswer:"
+    assert "\n\nSection 1. " in PROMPT                   # the blank line after the heading opens a section
+    assert _changed_memo(PROMPT, "fp_zero") == QUESTION    # heading and every section gone, the code too
     stale = _changed_memo(PROMPT, "fp_stale")
-    assert stale.endswith("\n\nQuestion: Summarize this memo.\nAnswer:")
-    memo = stale.split("\n\n")[0]
+    assert stale.endswith(QUESTION)
+    memo = stale[:-len(QUESTION)]
     assert PROMPT.startswith(memo) and memo.endswith(".") and "Four sentences" not in memo
-    assert len(memo) >= 0.5 * len(PROMPT.split("\n\n")[0])
+    assert len(memo) >= 0.5 * len(MEMO) and "Section 2." in memo
+    transcript = MEMO + "\n\nUser: Note 1: audit. Which team?\nAssistant:"     # the conversation phase's
+    assert _changed_memo(transcript, "fp_zero") == "\n\nUser: Note 1: audit. Which team?\nAssistant:"
     assert _changed_memo("User: no memo here", "fp_zero") is None
 
 

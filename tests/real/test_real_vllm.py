@@ -115,32 +115,6 @@ async def test_detectors_fire_on_corrupted_real_answers(vllm, tmp_path, mode, ph
         assert control["cached_tokens"] == 0 and control["text"]     # the cold path was right
 
 
-async def test_the_same_early_change_on_every_hit_fails_on_an_attention_only_model(vllm, tmp_path):
-    """Issue 32: a proxy gives every hit (a twin is one too) the same early word change, its log-probabilities
-    0.4 nats lower. Gemma has no recurrent state to resume on a grid (mamba_cache_mode none), so no twin may
-    excuse it as what resuming costs: fail-class, with nothing calibrated and nothing put down to resuming."""
-    proxy = await CorruptingProxy(vllm.url, "early_change").start()
-    log = tmp_path / "early.jsonl"
-    # fingerprints: the proxy changes logprob'd answers; no codes, so that no turn answers with a code alone (a
-    # fresh-clone CI, stop 37: the only hit answered digits, nothing was changed)
-    text = SMALL.format(phases='["conversation"]').replace(
-        "[evidence]\n", "[evidence]\ncodes = false\nfingerprints = true\nfingerprint_tolerance = 0.5\n") + \
-        "[sampling]\ntemperature = 0.0\n"
-    try:
-        result = await run_hitproof("run", "--attach", proxy.url, "--headless", "--record", str(log),
-                                    "--scenario", str(scenario(tmp_path, text)), timeout=900)
-    finally:
-        await proxy.close()
-    assert proxy.corrupted > 0
-    assert result.code == 1, result.out + result.err
-    report = report_json(log)
-    calibrated = report["resume"]
-    assert calibrated["grid"] is False and calibrated["tried"] == 0 and not calibrated["allowed"], calibrated
-    fails = [f for f in report["findings"] if f["kind"] == "fingerprint_mismatch" and f["severity"] == "fail"]
-    assert fails and all(f["evidence"]["twin_verdict"] == "no_resume_excuse" for f in fails), report["findings"]
-    assert not [f for f in report["findings"] if f["kind"] == "resume_cost"]
-
-
 ROTATION = """
 [scenario]
 name = "rotation-real"

@@ -86,7 +86,9 @@ def test_readme_commands_install_what_the_suite_needs():
     text = (ROOT / "README.md").read_text()
     block = re.search(r"## Two commands\n+```bash\n(.*?)```", text, re.S).group(1)
     commands = [line for line in block.splitlines() if line and not line.startswith("#")]
-    assert commands[1] == ".venv/bin/hitproof setup --test-deps && .venv/bin/python -m pytest"
+    # both tiers: the fast one on two workers, then the real-server one a test at a time
+    assert commands[1] == (".venv/bin/hitproof setup --test-deps && .venv/bin/python -m pytest -m \"not realserver\" "
+                           "-n 2 && .venv/bin/python -m pytest -m realserver")
     ci = (ROOT / ".ci" / "run").read_text()
     for command in commands:
         assert f"\n{command}\n" in ci, f".ci/run runs the README's command as written: {command}"

@@ -24,7 +24,8 @@ Steps:
   wide DTYPE        serve DTYPE, gpu-quick (64 slots, 1% target) clean and through the proxy's fp_foreign
                     and fp_zero, then rate.py --scenario gpu-quick --power 0.3% at each width of
                     HPGPU_WIDTHS (default 4,32,128), one width at a time (each skipped once done), the
-                    table rows appended to results/rate-wide.md (issue 34)
+                    table rows appended to results/rate-wide.md (issue 34); HPGPU_TAG=x runs the widths
+                    once more, their items and folders named WIDTHx
   stop              stop the server
   status            markers, pieces, server
 
@@ -136,6 +137,10 @@ RECALL_WIDE_ITEMS = [
     ("wide_clean", RECALL_WIDE, None, "clean"),
     ("wide_fp_foreign", RECALL_WIDE, "fp_foreign", "fail"),
     ("wide_fp_zero", RECALL_WIDE, "fp_zero", "fail"),
+    # fingerprints alone at 128 slots, where run E's two clean false FAILs were (calibrated at that width now)
+    ("wide128_fp_clean", "scenarios/gpu-quick.toml --streams 128", None, "clean"),
+    ("wide128_fp_foreign", "scenarios/gpu-quick.toml --streams 128", "fp_foreign", "fail"),
+    ("wide128_fp_zero", "scenarios/gpu-quick.toml --streams 128", "fp_zero", "fail"),
 ]
 ITEM_TIMEOUT_S = 300
 T0 = time.monotonic()
@@ -578,15 +583,17 @@ def wide(dtype: str) -> None:
     for name, scenario, mode, expect in (RECALL_WIDE_ITEMS if dtype == "recall" else WIDE_ITEMS):
         soak_item(dtype, url, name, scenario, mode, expect)
     widths = [w for w in os.environ.get("HPGPU_WIDTHS", "4,32,128").split(",") if w]
+    tag = os.environ.get("HPGPU_TAG", "")     # the widths once more, kept apart (a second clean sample)
     for width in widths:
-        key = f"wide-{dtype}-{width}"
+        width_tag = f"{width}{tag}"
+        key = f"wide-{dtype}-{width_tag}"
         if done(key):
             say(f"wide {dtype}", f"{width} streams done before: skipped")
             continue
         if left_s() < 120:
             raise Stop(f"wide {dtype}: the call's time budget is spent: run the same command again", 3)
-        out = RESULTS / f"{dtype}-wide-{width}"
-        console_path = RESULTS / f"{dtype}-wide-{width}.console.txt"
+        out = RESULTS / f"{dtype}-wide-{width_tag}"
+        console_path = RESULTS / f"{dtype}-wide-{width_tag}.console.txt"
         say(f"wide {dtype}", f"benchmarks/gpu/rate.py --streams {width} --out {out}")
         with console_path.open("wb") as console:
             proc = subprocess.run([sys.executable, str(HERE / "rate.py"), "--attach", url, "--out", str(out),
@@ -597,8 +604,8 @@ def wide(dtype: str) -> None:
         lines = console_path.read_text(errors="replace").strip().splitlines()
         summary = [line for line in lines if line.startswith("[rate]")][-10:]
         with (RESULTS / "verdicts.txt").open("a") as f:
-            f.write("".join(f"{dtype} wide {width}: {line}\n" for line in summary)
-                    or f"{dtype} wide {width}: exit {proc.returncode}\n")
+            f.write("".join(f"{dtype} wide {width_tag}: {line}\n" for line in summary)
+                    or f"{dtype} wide {width_tag}: exit {proc.returncode}\n")
         for line in summary[-4:]:
             say(f"wide {dtype}", line)
         if proc.returncode != 0:

@@ -243,6 +243,19 @@ def test_fingerprint_mismatch_when_closer_to_no_other():
     assert classify_fingerprint(fingerprint_match(A, A, 12), {"mB": other}, 0.0) == ("match", None)
 
 
+def test_a_run_on_its_own_path_until_a_tie_is_not_another_memos_state():
+    """Run E's false FAIL at 128 streams: 11 tokens with its own cold run (0.0357 second, 0.0513 at most) and
+    11 with another memo's (0.0445): its own state taking a tie, not the other memo's. A foreign state that
+    agrees on more tokens, or a run off its own path before its tokens part, is still foreign_state."""
+    from tui.core.checks.detectors import FingerprintMatch, classify_fingerprint
+    own = FingerprintMatch(11, False, 0.0513, 0.0357)
+    other = FingerprintMatch(11, False, 0.0445, 0.03)
+    assert classify_fingerprint(own, {"m72": other}, 0.05) == ("mismatch", None)
+    assert classify_fingerprint(own, {"m72": FingerprintMatch(12, True, 0.02, 0.01)}, 0.05) == ("foreign_state", "m72")
+    off_path = FingerprintMatch(11, False, 0.31, 0.2)        # its own prefix beyond the tolerance
+    assert classify_fingerprint(off_path, {"m72": other}, 0.05) == ("foreign_state", "m72")
+
+
 def test_fingerprint_only_compares_the_leading_tokens():
     from tui.core.checks.detectors import fingerprint_match
     longer = A + _fp(("tail", -3.0, {}))

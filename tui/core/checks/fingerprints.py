@@ -14,7 +14,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import detectors as checks
-from .detectors import FingerprintMatch
+from .detectors import SPIKE_FACTOR, FingerprintMatch
+
+
+def parts_before(own_vs_other: FingerprintMatch, run_vs_own: FingerprintMatch, bound: float) -> bool:
+    """Do two cold answers (a run's own and another prompt's) part before the run leaves its own: by a token
+    earlier than the run's first differing one, or by log-probabilities beyond `bound` on the tokens they
+    share? Only then can a run that agrees with the other answer have the other's state; where they part
+    only at the token where the run parts from its own (its own state taking the other side of the tie the
+    two answers part at), it tells nothing. Measured, vLLM 0.26 on an H200, qwen3next-recall, 128 streams
+    (2026-12-04): of 131 calibration memos' 12-token summary answers, about 400 pairs were the same tokens,
+    some within 1e-5 nats, and hits that left their own answer at token 7 or 11 met another memo's that parts
+    from it exactly there (second-largest deviations 0.035-0.063 before it): five false "another request's
+    state" in four clean runs."""
+    if own_vs_other.agreeing < run_vs_own.agreeing:
+        return True
+    return own_vs_other.second > bound or own_vs_other.distance > SPIKE_FACTOR * bound
+
 
 
 @dataclass(frozen=True)
@@ -95,6 +111,14 @@ class FingerprintBook:
     def retire(self, memo: str) -> None:
         """A memo re-drawn for not being distinct: its fingerprints no longer count."""
         self.retired.add(memo)
+
+    def told_apart(self, own: Fingerprint, owner: str, run_vs_own: checks.FingerprintMatch, bound: float) -> bool:
+        """Does `owner`'s cold answer part from `own`'s before the run leaves its own (parts_before), by
+        more than `bound` on values? Else a run agreeing with it is its own state taking a tie, not the other's.
+        Memos whose fingerprints are alike (not `distinct`) are never told apart."""
+        theirs = next((fp for fp in self.live(own.task) if fp.memo == owner), None)
+        return theirs is None or parts_before(self._pair(theirs, own), run_vs_own,
+                                                     max(bound, self.tolerance + self.margin))
 
     def indistinct_from(self, memo: str, task: str) -> list[str]:
         own = [fp for fp in self.live(task) if fp.memo == memo]

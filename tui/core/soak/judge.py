@@ -265,6 +265,9 @@ class Judge:
             return
         run = record.completion.logprobs
         mine, others, verdict, owner = self.fingerprints.compare(run, own)
+        if verdict == "foreign_state" and not self.fingerprints.told_apart(own, owner, mine,
+                                                                        max(tolerance, self.twins.bound)):
+            verdict, owner = "mismatch", None     # its own state taking a tie: judged as a deviation, below
         whole = greedy.comparable(state, record, own)
         record.checks["fingerprint"] = {"verdict": verdict, "own_distance": mine.distance,
                                         "own_agreeing": mine.agreeing, "closest": owner}
@@ -279,8 +282,6 @@ class Judge:
                 await greedy.judge_text(self, state, record, own, REPRODUCE)
             return
         if verdict == "foreign_state":
-            if owner in self.fingerprints.indistinct_from(own.memo, own.task):
-                return            # the two memos look alike: no telling them apart (noted when seen)
             theirs = others[owner]
             self.rq.finding(state, "foreign_state", "fail", record,
                          detail=(f"the hit's continuation is closer to memo {owner}'s cold fingerprint ({theirs.agreeing} "
@@ -328,16 +329,16 @@ class Judge:
         # (twin.py) tells that arithmetic from a wrong state. Anywhere else it is the fail it always was.
         resumes = self.twins.allowed
         # Every re-hit resuming where the hit did deviates beyond what resuming costs, never the same way, while
-        # every cold run writes the cold fingerprint: no kernel (its noise reaches the cold runs too) but a
-        # restore that hands a different wrong state each time (another request's state, a slot nothing
-        # wrote). Inside vLLM (hitproof's fault plugin, benchmarks/RESULTS.md, issue 33) the rule above passed it.
+        # every cold run writes the cold fingerprint: no kernel (its noise reaches the cold runs too) but a restore
+        # that hands a different wrong state each time (another request's state, a slot nothing wrote; issue 33).
         calibration = self.twins.calibration
-        beyond = max(tolerance, calibration.bound) if resumes and calibration is not None else tolerance
+        beyond = max(tolerance, calibration.bound) if resumes else tolerance
         same_point = [r for r in rehits if r.hit and r.cached == record.cached]
+        def resumed_right(lp: list) -> bool:    # within what resuming costs, or parting from cold the way it can
+            return self.fingerprints.match(lp, own.logprobs).matches(beyond) or (
+                resumes and calibration.explains_parting(checks.compare_logprobs(own.logprobs, lp)))
         varies = (not reproduced and cold_same == REPRODUCE and len(same_point) == REPRODUCE
-                  and not mine.matches(beyond)
-                  and not any(self.fingerprints.match(r.completion.logprobs, own.logprobs).matches(beyond)
-                              for r in same_point))
+                  and not resumed_right(run) and not any(resumed_right(r.completion.logprobs) for r in same_point))
         if varies:
             self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="varies_on_hits",
                             detail=(f"the hit differs from its own cold fingerprint ({where}); {REPRODUCE} more cold "

@@ -44,6 +44,7 @@ from typing import Any
 
 from ..log.events import ResumeCalibrated
 from ..checks.detectors import SPIKE_FACTOR, LogprobComparison, compare_logprobs, fingerprint_match
+from ..checks.fingerprints import parts_before
 from .width import widths
 
 GRID_MODES = ("align", "all")   # vLLM's mamba_cache_mode values that checkpoint recurrent state on a grid
@@ -153,10 +154,14 @@ def landed_on(hit_lp: list, own_cold_lp: list, others: dict[int, list], tokens: 
     test: measured, a clean bf16 resume parted from its own cold answer at a near tie after 6 tokens (0.031
     nats) and agreed 12 tokens with another prompt's, 0.573 apart. Different memos' cold answers were at
     least 0.242 apart on the clean soaks (14 of them, 2026-12-04): 4.8 tolerances."""
-    if fingerprint_match(hit_lp, own_cold_lp, tokens).matches(tolerance):
+    mine = fingerprint_match(hit_lp, own_cold_lp, tokens)
+    if mine.matches(tolerance):
         return None
+    # another prompt's answer counts only where it parts from this one's before the resume does (parts_before):
+    # by values, beyond what resuming may cost at most (the ceiling)
     landed = [(m.distance, request) for request, lp in others.items()
-              if (m := fingerprint_match(hit_lp, lp, tokens)).matches(tolerance)]
+              if (m := fingerprint_match(hit_lp, lp, tokens)).matches(tolerance)
+              and parts_before(fingerprint_match(lp, own_cold_lp, tokens), mine, RESUME_FACTOR * tolerance)]
     return min(landed)[1] if landed else None
 
 

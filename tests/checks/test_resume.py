@@ -176,3 +176,25 @@ def test_two_answers_part_before_a_run_by_an_earlier_token_or_by_values_beyond_t
     assert parts_before(FingerprintMatch(3, False, 0.1, 0.05), run_vs_own, 0.2)           # parted earlier
     assert parts_before(FingerprintMatch(7, False, 0.7, 0.3), run_vs_own, 0.2)            # values apart
     assert parts_before(FingerprintMatch(12, True, 0.34, 0.34), FingerprintMatch(12, True, 0.3, 0.3), 0.2)
+
+
+def test_the_h200_wide_calibration_that_voided_itself_holds_now():
+    """Run F's log (tests/fixtures/h200-wide128-calibration.json.gz): 131 calibration prompts, 128 at once, on a
+    clean vLLM; before parts_before two resumes "landed" on other memos' answers (the stored calibration is
+    void) and the run FAILed 6 times; judged again, nothing lands and what resuming costs is measured."""
+    import gzip
+    import json
+    from pathlib import Path
+    data = json.loads(gzip.open(Path(__file__).parents[1] / "fixtures" / "h200-wide128-calibration.json.gz", "rt").read())
+    stored, lps = data["calibration"], {int(k): v for k, v in data["logprobs"].items()}
+    assert stored["void"] and stored["width"] == 128
+    colds = {p["cold_request"] for p in stored["pairs"]}
+    pairs = []
+    for p in stored["pairs"]:
+        others = {r: lps[r] for r in colds if r != p["cold_request"]}
+        pairs.append(Pair(p["cold_request"], p["hit_request"], p["cached"], p["agreeing"], p["second"], p["distance"],
+                          p["parted_at"], p["margin"], p["prefix_delta"],
+                          landed_on(lps[p["hit_request"]], lps[p["cold_request"]], others, 12, 0.05)))
+    again = calibration(True, "align", 0.05, pairs, stored["tried"], stored["width"])
+    assert not again.void and again.allowed
+    assert abs(again.measured - 0.0465) < 0.001 and again.bound == 0.2

@@ -121,6 +121,31 @@ async def test_a_closed_keepalive_connection_is_retried_once():
     assert result.text == "ok" and len(calls) == 2
 
 
+async def test_a_plain_request_whose_connection_was_reset_is_retried_once():
+    calls = []
+
+    def handler(request):
+        calls.append(1)
+        if len(calls) == 1:
+            raise httpx.ReadError("Connection reset by peer")
+        return httpx.Response(200, json={"count": 7})
+
+    c = OpenAIClient("http://test")
+    c._http = httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(handler))
+    assert await c.tokenize("p", "m") == 7 and len(calls) == 2
+    calls.clear()
+
+    def always(request):
+        calls.append(1)
+        raise httpx.ReadError("Connection reset by peer")
+
+    c._http = httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(always))
+    with pytest.raises(ServerProblem, match="cannot reach"):
+        await c.tokenize("p", "m")
+    assert len(calls) == 2
+    await c.aclose()
+
+
 async def test_a_stream_cut_after_bytes_is_not_retried():
     class Cut(httpx.AsyncByteStream):
         async def __aiter__(self):

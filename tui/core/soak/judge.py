@@ -352,7 +352,7 @@ class Judge:
                                     f"corruption on the hit path ("
                                     + (calibration.words() if calibration is not None else "no resume cost measured")
                                     + ")"), **evidence)
-        elif reproduced and self.rq.server.salts == "cache_salt" and await self.twins.judge(state, record, own, mine, evidence):
+        elif reproduced and self.rq.server.salts == "cache_salt" and await self.twins.judge(state, record, own, mine, evidence, colds):
             return
         elif reproduced and self.rq.server.salts == "cache_salt":
             # a server with salts whose hit got no twin: resuming at a grid line may be all it is

@@ -178,9 +178,11 @@ class TwinJudge:
         return within, mine, theirs
 
     async def judge(self, state: PhaseState, record: Record, own: Fingerprint, mine: FingerprintMatch,
-                    reproduced: dict) -> bool:
+                    reproduced: dict, fresh: list | None = None) -> bool:
         """Judge a hit whose deviation from its cold fingerprint reproduced (`reproduced`: the re-runs'
-        evidence) against its twin; False when no twin could be made (the caller judges it)."""
+        evidence; `fresh`: the cold re-sends' records) against its twin; False when no twin could be made
+        (the caller judges it)."""
+        fresh_lps = [c.completion.logprobs for c in fresh or () if c.completion.logprobs]
         tolerance = self.rq.scenario.evidence.fingerprint_tolerance
         yard, other_memo = self._nearest(own)
         if other_memo and not resolves(yard, tolerance):
@@ -218,7 +220,7 @@ class TwinJudge:
                      chain_bound=self.chain_bound(record))      # for this hit's restores, its writers' too
         record.checks["twin"] = {k: v for k, v in facts.items() if not k.endswith("_requests")}
         if vs_twin.matches(tolerance):
-            self._resume_cost(state, record, twin, mine, vs_twin, yard, facts, from_cold)
+            self._resume_cost(state, record, twin, mine, vs_twin, yard, facts, from_cold, fresh_lps)
             return True
         if not twin.exact:
             # its writers did not all resume where theirs did: the twin's state took another path
@@ -254,7 +256,7 @@ class TwinJudge:
             # rotation's 4 concurrent 1,267-token memos: hits 0.69 and 0.11 from their solo twins (12 same
             # tokens), reproducibly, while two solo twins agreed exactly: a false FAIL in CI (2026-12-02).
             if how_far(mine, yard, tolerance, from_cold, self.chain_bound(record)) != "near":   # far from cold
-                self._resume_cost(state, record, twin, mine, vs_twin, yard, facts, from_cold)
+                self._resume_cost(state, record, twin, mine, vs_twin, yard, facts, from_cold, fresh_lps)
                 return True
             self.rq.finding(state, "fingerprint_mismatch", "info", record, twin_verdict="near_twin",
                             detail=(f"the hit differs from its twin (request {twin.record.request}: "
@@ -329,7 +331,8 @@ class TwinJudge:
 
     def _resume_cost(self, state: PhaseState, record: Record, twin: Twin, mine: FingerprintMatch,
                      vs_twin: FingerprintMatch, yard: FingerprintMatch | None, facts: dict,
-                     from_cold: LogprobComparison) -> None:
+                     from_cold: LogprobComparison, fresh: list) -> None:
+        # fresh: the cold re-sends' log-probabilities (a full prefill made again, at low load)
         cost = (f"{mine.agreeing} tokens as cold, {mine.distance:.4f} nats apart at most, "
                 f"{mine.second:.4f} at the second-largest position") if math.isfinite(mine.distance) else \
             f"{mine.agreeing} tokens as cold, nothing in common to measure in nats"
@@ -351,6 +354,20 @@ class TwinJudge:
                                    f"({cost}; {sized}): on this model the fingerprint does not tell this restore "
                                    f"from another memo's state (longer fingerprints, fingerprint_tokens, or a model "
                                    f"that can recall codes would)"), **facts)
+            return
+        twin_lp = twin.record.completion.logprobs
+        if far == "far" and any(self.fingerprints.match(twin_lp, lp).matches(tolerance) for lp in fresh):
+            # The restore, made again at low load (the twin), gives what a full prefill made again gives (a cold
+            # re-send): it is the first cold run, written among concurrent requests, that lies apart. Measured,
+            # vLLM 0.26 on an H200, qwen3next-recall (runs E, F, 2026-12-04): rotation hits at 4 and 32 streams
+            # 0.0557 and 0.0563 from their cold runs, their twins within 0.0002 of the cold re-sends and the hits
+            # within 0.036 of them: far_with_twin, false FAILs. A restore wrong every time (a zero state) makes
+            # the twin as wrong, far from every cold re-send: that stays far_with_twin.
+            self.rq.finding(state, "resume_cost", "info", record, twin_verdict="cold_apart",
+                            detail=(f"the hit equals its twin (request {twin.record.request}, {vs_twin.distance:.4f} "
+                                    f"apart) and lies {cost} from its first cold run; but the twin equals a cold "
+                                    f"re-send of the same prompt: the first cold run, made among concurrent "
+                                    f"requests, is what lies apart ({sized}). Not a wrong state"), **facts)
             return
         if far == "far":
             self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="far_with_twin",

@@ -118,3 +118,19 @@ def test_reading_only_some_types_still_stops_at_a_damaged_line(tmp_path):
         got = list(iter_log(path, warnings, only={"header", "finding"}))
         assert [e.type for e in got] == ["header", "finding"], damaged
         assert "damaged line" in warnings[0] and ":3:" in warnings[0], warnings
+
+
+def test_a_gzipped_log_reads_as_the_plain_one_and_a_broken_one_is_one_line(tmp_path):
+    """The GPU runs' logs are kept gzipped (benchmarks/gpu/results): report and replay take them as they are."""
+    import gzip
+    from tui.core.log.compressed import plain
+    path = tmp_path / "run.jsonl"
+    _write(path, RunHeader(), Finding(kind="x"))
+    packed = tmp_path / "run.jsonl.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert [e.type for e in read_log(plain(packed)).events] == [e.type for e in read_log(path).events]
+    assert plain(path) == path
+    broken = tmp_path / "cut.jsonl.gz"
+    broken.write_bytes(gzip.compress(path.read_bytes())[:20])
+    with pytest.raises(BadInput, match="does not decompress"):
+        plain(broken)

@@ -7,7 +7,7 @@ import argparse
 
 def add_parser(sub) -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="open a recorded soak log in the app (final state first, then play)")
-    replay.add_argument("log", metavar="LOG")
+    replay.add_argument("log", metavar="LOG", help="a recorded soak log (--record), plain or gzipped")
     replay.set_defaults(func=run)
     return replay
 
@@ -19,7 +19,8 @@ def run(args) -> int:
 def _replay(args) -> int:
     from ..app.app import build_app
     from ..app.replay import ReplaySource
+    from ..core.log.compressed import plain
 
-    app = build_app(ReplaySource(args.log))
+    app = build_app(ReplaySource(str(plain(args.log))))
     app.run()
     return 0

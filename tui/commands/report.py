@@ -13,7 +13,7 @@ from ..core.config.errors import HitproofError
 
 def add_parser(sub) -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="summarize a recorded soak log")
-    report.add_argument("log", metavar="LOG")
+    report.add_argument("log", metavar="LOG", help="a recorded soak log (--record), plain or gzipped")
     report.add_argument("--format", choices=("text", "markdown", "json", "junit", "html", "issue"), default="text",
                         help="issue: a bug report for an engine's tracker, with a finding's reproduction script")
     report.add_argument("--output", metavar="FILE", help="write the report to FILE instead of standard output")
@@ -33,6 +33,8 @@ def _report(args, console: Console) -> int:
     from ..core.report.report import FED_TYPES, RunReport
     from ..headless import report_text
 
+    from ..core.log.compressed import plain
+    args.log = str(plain(args.log))           # a gzipped log (benchmarks/gpu/results) read as it is
     if args.format == "issue":                # the incident, a finding and its reproduction script
         from .repro import run_issue
         return run_issue(args)

@@ -3,8 +3,7 @@ cold path of the same request (re-sent under a fresh salt) is right. A foreign c
 control: no cold path can produce a code the request never saw. Fingerprints (cold greedy tokens
 and log-probabilities) are judged the same way, with the near-tie rule for numerics.
 
-The judge sends its controls through the Requester (the `Sender` protocol) and keeps the run's
-cold fingerprints.
+The judge sends its controls through the Requester (the `Sender` protocol), keeps the cold fingerprints.
 """
 
 from __future__ import annotations
@@ -265,8 +264,9 @@ class Judge:
             return
         run = record.completion.logprobs
         mine, others, verdict, owner = self.fingerprints.compare(run, own)
-        if verdict == "foreign_state" and not self.fingerprints.told_apart(own, owner, mine,
-                                                                        max(tolerance, self.twins.bound)):
+        if verdict == "foreign_state" and owner in self.fingerprints.indistinct_from(own.memo, own.task):
+            return            # the two memos look alike: no telling them apart (noted when seen)
+        if verdict == "foreign_state" and not self.fingerprints.told_apart(own, owner, mine, self.twins.bound):
             verdict, owner = "mismatch", None     # its own state taking a tie: judged as a deviation, below
         whole = greedy.comparable(state, record, own)
         record.checks["fingerprint"] = {"verdict": verdict, "own_distance": mine.distance,

@@ -25,7 +25,7 @@ def client_with(parts, status=200, dialect="vllm", seen=None):
         return httpx.Response(status, stream=Chunks(parts))
 
     c = OpenAIClient("http://test", dialect=dialect)
-    c._http = httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(handler))
+    c.use_http(httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(handler)))
     return c
 
 
@@ -116,7 +116,7 @@ async def test_a_closed_keepalive_connection_is_retried_once():
         return httpx.Response(200, stream=Chunks([sse(text_chunk("ok", "stop"))]))
 
     c = OpenAIClient("http://test")
-    c._http = httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(handler))
+    c.use_http(httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(handler)))
     result = await c.stream(RequestSpec(api="completions", prompt="p", max_tokens=1))
     assert result.text == "ok" and len(calls) == 2
 
@@ -131,7 +131,7 @@ async def test_a_plain_request_whose_connection_was_reset_is_retried_once():
         return httpx.Response(200, json={"count": 7})
 
     c = OpenAIClient("http://test")
-    c._http = httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(handler))
+    c.use_http(httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(handler)))
     assert await c.tokenize("p", "m") == 7 and len(calls) == 2
     calls.clear()
 
@@ -139,7 +139,7 @@ async def test_a_plain_request_whose_connection_was_reset_is_retried_once():
         calls.append(1)
         raise httpx.ReadError("Connection reset by peer")
 
-    c._http = httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(always))
+    c.use_http(httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(always)))
     with pytest.raises(ServerProblem, match="cannot reach"):
         await c.tokenize("p", "m")
     assert len(calls) == 2
@@ -159,7 +159,7 @@ async def test_a_stream_cut_after_bytes_is_not_retried():
         return httpx.Response(200, stream=Cut())
 
     c = OpenAIClient("http://test")
-    c._http = httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(handler))
+    c.use_http(httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(handler)))
     with pytest.raises(StreamError, match="broke"):
         await c.stream(RequestSpec(api="completions", prompt="p", max_tokens=1))
     assert len(calls) == 1

@@ -189,8 +189,8 @@ class Chunks(httpx.AsyncByteStream):
 
 async def stream_parts(parts, api="completions"):
     client = OpenAIClient("http://test")
-    client._http = httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(
-        lambda request: httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Chunks(parts))))
+    client.use_http(httpx.AsyncClient(base_url="http://test", transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Chunks(parts)))))
     try:
         return await client.stream(RequestSpec(api=api, prompt="p", messages=[], max_tokens=8))
     finally:

@@ -21,8 +21,10 @@ from ..config.errors import ServerProblem
 from .sse import Event, SSEDecoder
 from .wire import (MAX_RETRIES, RETRY_CAP, RETRY_STATUSES, Completion, RequestSpec,  # noqa: F401
                    _cached_tokens, _describe, _error_text, _json_bytes, parse_logprobs, retry_delay)
-from .transport import (CLOCK, FRESH_STREAM_EXTENSIONS, JSON_HEADERS, STREAM_EXTENSIONS, StreamingTransport,
-                        direct_http_origin)
+from .transport import (CLOCK, FRESH_STREAM_EXTENSIONS, JSON_HEADERS, NO_SELECTOR, SSE, STREAM_EXTENSIONS,
+                        DirectStream, StreamingTransport, direct_http_origin)
+
+TIMEOUT_KEYS = ("connect", "read", "write", "pool")
 
 # httpcore asks for sniffio on every plain request (current_async_library) and, where it is not installed,
 # searches the whole import path for it each time: 0.15 ms of a 1 ms request here (tokenize, metrics). Said
@@ -90,6 +92,20 @@ class OpenAIClient:
         # the two answer endpoints' URLs, joined to base_url once (httpx would parse them per request)
         self._urls = {path: self._http.build_request("POST", path).url
                       for path in ("/v1/completions", "/v1/chat/completions")}
+        # To a plain-http origin every request goes to StreamingTransport directly, past httpx's client
+        # (its cookie jar, auth and redirect layers and httpcore's pool, scanned per request: about half
+        # of hitproof's CPU per request on the reference server, 2026-12-04); the headers are the ones
+        # httpx would send. Elsewhere (https, a proxy) httpx's client as before.
+        self._direct = mounts[origin] if mounts and not NO_SELECTOR else None
+        self._headers = httpx.Headers(self._http.headers)
+        self._json_headers = httpx.Headers(self._http.headers)
+        self._json_headers.update(JSON_HEADERS)
+        self._plain_urls: dict[str, httpx.URL] = {}
+        self._stream_timeouts = {"connect": 10.0, "read": timeout, "write": timeout, "pool": timeout}
+
+    def use_http(self, http: httpx.AsyncClient) -> None:
+        """Send every request through `http` (a test's mock transport), none past it."""
+        self._http, self._direct = http, None
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -102,6 +118,8 @@ class OpenAIClient:
         connection (httpx.ReadError) and the run ended ERROR (exit 3) in 1 of 5 soaks (2026-12-04)."""
         for attempt in (1, 2):
             try:
+                if self._direct is not None:
+                    return await self._direct_request(method, path, **kwargs)
                 return await self._http.request(method, path, **kwargs)
             except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
                 if attempt == 2:
@@ -109,6 +127,25 @@ class OpenAIClient:
             except httpx.HTTPError as exc:
                 raise ServerProblem(f"cannot reach {self.base_url}{path}: {_describe(exc)}") from None
         raise AssertionError("unreachable")
+
+    async def _direct_request(self, method: str, path: str, *, timeout: float, json: Any = None) -> httpx.Response:
+        """What self._http.request gives (status, headers, the whole body decoded), through StreamingTransport."""
+        content = None if json is None else _json_bytes(json)
+        url = self._plain_urls.get(path)
+        if url is None:             # joined as httpx joins it (a base URL's own path kept in front)
+            url = self._plain_urls[path] = self._http.build_request(method, path).url
+        request = httpx.Request(method, url, content=content,
+                                headers=self._headers if content is None else self._json_headers,
+                                extensions={SSE: True, "timeout": dict.fromkeys(TIMEOUT_KEYS, timeout)})
+        return await self._direct.whole(request)
+
+    def _open_stream(self, url: httpx.URL, content: bytes, fresh: bool):
+        """The answer stream's response, as a context that gives its connection back."""
+        extensions = FRESH_STREAM_EXTENSIONS if fresh else STREAM_EXTENSIONS
+        if self._direct is None:
+            return self._http.stream("POST", url, content=content, headers=JSON_HEADERS, extensions=extensions)
+        return DirectStream(self._direct, httpx.Request("POST", url, headers=self._json_headers, content=content,
+                                                         extensions={**extensions, "timeout": self._stream_timeouts}))
 
     async def get(self, path: str, timeout: float = 10.0) -> httpx.Response:
         return await self._request("GET", path, timeout=timeout)
@@ -220,9 +257,7 @@ class OpenAIClient:
         absorb = self._absorb
         done = False                                  # data: [DONE] came
         try:
-            async with self._http.stream("POST", self._urls[path], content=content, headers=JSON_HEADERS,
-                                         extensions=FRESH_STREAM_EXTENSIONS if fresh else STREAM_EXTENSIONS) \
-                    as response:
+            async with self._open_stream(self._urls[path], content, fresh) as response:
                 answered = True
                 result.headers = dict(response.headers)
                 # the streaming transport stamps when the request went on the wire and when each

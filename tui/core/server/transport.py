@@ -33,6 +33,8 @@ import httpx
 
 from .connection import _NO_SELECTOR, _Clock, _Connection, _connect
 
+NO_SELECTOR = _NO_SELECTOR      # no selector loop (Windows): every request stays with httpx
+
 SSE = "hitproof.sse"
 CLOCK = "hitproof.clock"
 STREAM_EXTENSIONS = {SSE: True}
@@ -244,6 +246,16 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                 raise httpx.RemoteProtocolError("response head too large", request=request)
         return response, stamp
 
+    async def whole(self, request: httpx.Request) -> httpx.Response:
+        """A plain request's response with its whole body read (decoded as httpx decodes it)."""
+        response = await self.handle_async_request(request)
+        try:
+            body = b"".join([part async for part in response.stream])
+        finally:
+            await response.stream.aclose()
+        return httpx.Response(response.status_code, headers=response.headers, content=body, request=request,
+                              extensions=response.extensions)
+
     def _release(self, conn: _Connection, key: tuple[str, int], reusable: bool) -> None:
         if reusable and not conn.closed and self._loop is conn.loop:
             conn.idle_since = conn.loop.time()
@@ -259,6 +271,23 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                 conn.close()
         self._idle = {}
         await self.inner.aclose()
+
+
+class DirectStream:
+    """`async with`: the transport's response to one request, its body closed on the way out (the
+    connection given back, or dropped when the body was not read to its end)."""
+
+    __slots__ = ("transport", "request", "response")
+
+    def __init__(self, transport: StreamingTransport, request: httpx.Request):
+        self.transport, self.request, self.response = transport, request, None
+
+    async def __aenter__(self) -> httpx.Response:
+        self.response = await self.transport.handle_async_request(self.request)
+        return self.response
+
+    async def __aexit__(self, *exc) -> None:
+        await self.response.stream.aclose()
 
 
 class _Body(httpx.AsyncByteStream):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..config.errors import BadInput
 from .text import MemoText, SentenceSource, code_sentence
@@ -27,11 +29,17 @@ class Memo:
                 "grid": self.grid}
 
 
+@lru_cache(maxsize=1)
+def calibration_sample() -> str:
+    """The text whose server and tiktoken counts give the ratio between them (made once)."""
+    return " ".join(SentenceSource("calibration").next() for _ in range(40))
+
+
 async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: str | None,
                      target_tokens: int, grid: int, code_position: float, seed: int) -> Memo:
     source = SentenceSource(f"{seed}:{memo_id}")
     memo = MemoText(memo_id=memo_id, nonce=nonce, code=code)
-    ratio = await counter.ratio(" ".join(SentenceSource("calibration").next() for _ in range(40)))
+    ratio = await counter.ratio(calibration_sample())
 
     def add_tokens(tokens: float) -> None:
         while tokens > 0:
@@ -45,7 +53,13 @@ async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: s
         memo.sentences.insert(memo.code_index, code_sentence(code))
 
     tolerance = max(8, target_tokens // 100)
-    measured = await counter.count(memo.render())
+    # The text before the code and through it stays as it is from here (sizing adds or drops sentences
+    # after the code only): counted beside the first full count, one round trip, not three in a row
+    # (a wide rotation sizes 128 memos before its first round: the client's idle time, issue 34).
+    before, through = memo.render_until_code() if code is not None else ("", "")
+    counted = await asyncio.gather(counter.count(memo.render()),
+                                   *((counter.count(before), counter.count(through)) if code is not None else ()))
+    measured = counted[0]
     for _ in range(6):
         if measured < target_tokens - tolerance:
             add_tokens(target_tokens - measured)
@@ -61,10 +75,8 @@ async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: s
 
     start = end = offset = None
     if code is not None:
-        before, through = memo.render_until_code()
         offset = len(before)
-        start = await counter.count(before)
-        end = await counter.count(through)
+        start, end = counted[1], counted[2]
         last_boundary = (measured // grid) * grid
         if start < grid or end > last_boundary:
             raise BadInput(
@@ -78,7 +90,7 @@ async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: s
 async def filler_text(counter: TokenCounter, *, seed: str, tokens: int) -> str:
     """Plain sentences of about `tokens` tokens (conversation turns, longer suffixes)."""
     source = SentenceSource(seed)
-    ratio = await counter.ratio(" ".join(SentenceSource("calibration").next() for _ in range(40)))
+    ratio = await counter.ratio(calibration_sample())
     parts: list[str] = []
     total = 0.0
     while total < tokens:

@@ -25,9 +25,9 @@ from .proof import UNKNOWN, CacheProof, CounterWindows
 from .record import DeltaCoalescer, Overlap, Record, concurrently, prompt_text, shared_chars
 from .replica_proof import ReplicaWindows
 from .state import PhaseState
+from .tolerance import ColdTolerance
 
 KEEP_RECENT = 512             # records kept for isolation beyond the flagged ones (bounded memory)
-CHAT_TEMPLATE_TOKENS = 8      # turn markers a chat template puts before the first message (Gemma: 4)
 
 
 class Requester:
@@ -58,35 +58,13 @@ class Requester:
         # windows between quiet moments (tui.core.soak.proof).
         self.windows = (CounterWindows(ctx.scrape, server.cached_counter, server.cached_queries or None)
                         if server.cached_report == "counter" and server.cached_counter else None)
-        self._tolerances: dict[tuple[str, str], int] = {}
         # Behind a router: each request's replica, from the response or from the replicas' counters.
         self.replicas = ctx.replicas
         self.replica_windows = (ReplicaWindows(ctx.replica_scrape) if self.replicas is not None and ctx.replica_scrape
                                 is not None and server.replica_attribution == "counter" else None)
         self._served_memos: dict[int, set[str]] = {}          # replica -> memo ids it has served
         self.overlap = Overlap()           # who streamed beside whom (any arm)
-        # A prompt with no run nonce (a user's captured conversation): a cache that matches token by
-        # token (llama.cpp, SGLang) still shares a template's first tokens with whatever it held.
-        self.fallback_tolerance = 8 if server.dialect in ("llamacpp", "sglang") else 0
-
-    async def cold_tolerance(self, spec: RequestSpec) -> int:
-        """Tokens a cold request may share with earlier prompts: those before the run nonce, the
-        first token no other run's prompt carries ("<bos>Memo m05, run "). On a cache that matches
-        in blocks this is below one block and changes nothing; on one that matches token by token
-        (llama.cpp, SGLang's radix cache) a fresh memo does reuse them. Counted with the server's
-        tokenizer when it has one (the count includes the BOS token it adds)."""
-        text = spec.prompt if spec.prompt is not None else \
-            "\n".join(str(m.get("content") or "") for m in spec.messages or [])
-        at = text.find(self.nonce)
-        if at < 0:
-            return self.fallback_tolerance
-        prefix = text[:at]
-        key = (spec.api, prefix)
-        if key not in self._tolerances:
-            tokens = await self.counter.count(prefix) if prefix else 1
-            # a chat template adds its turn markers before the first message's text
-            self._tolerances[key] = tokens + (CHAT_TEMPLATE_TOKENS if spec.api == "chat" else 0)
-        return self._tolerances[key]
+        self.cold_tolerance = ColdTolerance(self.counter, self.nonce, server.dialect)
 
     # --- evidence --------------------------------------------------------------------------
 
@@ -110,7 +88,7 @@ class Requester:
         built = list(await asyncio.gather(*(build_memo(
             self.counter, memo_id=memo_id, nonce=self.nonce, code=code, target_tokens=tokens, grid=self.server.grid,
             code_position=self.scenario.evidence.code_position, seed=self.scenario.seed)
-            for memo_id, tokens, _, code in drawn)))
+            for memo_id, tokens, _, code in drawn), self.cold_tolerance.count_memos([memo_id for memo_id, *_ in drawn])))[:-1]
         for memo, (_, _, slot, _) in zip(built, drawn):
             self.register_memo(state, memo, slot=slot)
         return built
@@ -254,7 +232,7 @@ class Requester:
                             max_tokens=spec.max_tokens,
                             identity=label_of(spec.model, spec.extra, self.server.model, self.server.adapters)))
         on_text = DeltaCoalescer(emit, index)
-        tolerance = await self.cold_tolerance(spec)
+        tolerance = await self.cold_tolerance.of(spec)
         sent_at = time.monotonic()
         window = await self.windows.enter() if self.windows is not None else None
         mark = self.overlap.enter()

@@ -93,7 +93,7 @@ def test_a_hit_path_problem_may_be_the_models_only_where_the_hit_takes_a_tie_res
     on every hit (refserver repeat_token: the hit's first token not even among the control's top-k; a
     state that moves every position) never is, nor is anything on a server that does not resume."""
     from types import SimpleNamespace
-    from tui.core.soak.judge import took_a_tie
+    from tui.core.soak.greedy import took_a_tie
 
     def run(tokens, fingerprint=None):
         return SimpleNamespace(checks={"fingerprint": fingerprint} if fingerprint else {},

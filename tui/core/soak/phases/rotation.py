@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import time
 
 from ...report.power import hits_needed
+from ..record import concurrently
 from ..requester import run_round
 from ..results import UNSET, PhaseResult
 
@@ -94,16 +95,30 @@ async def redraw_unrecalled(rq, state, memos: list, one) -> None:
                                 f"{MAX_RECALL_REDRAWS} memos drawn after it on its slot (recall_miss)")
 
 
+async def cold_on_every_task(rq, state, memos: list, slots: list[int]) -> None:
+    """Each memo's cold fingerprint on the tasks its own slot does not ask (round 0 measured that one):
+    memo j meets every task as it rotates, and a later task's first hit would fetch the same cold run
+    anyway, too late for a re-draw. Measured, vLLM 0.26, H200, qwen3next-recall, 32 and 128 slots: memos
+    distinct on the recall question were alike on the summary one, found only at round 1, and every
+    run ended INCONCLUSIVE (benchmarks/RESULTS.md, run F)."""
+    tasks = rq.scenario.rotation.tasks
+    await concurrently(*(rq.judge.cold_fingerprint(state, rq.question(memos[j].text, task), task=task, memo=memos[j],
+                                                   slot=j, round=0)
+                         for j in slots for task in tasks if task != tasks[j % len(tasks)]))
+
+
 async def redraw_alike(rq, state, memos: list, one) -> None:
-    """Before rotation relies on fingerprints: every pair of memos must be distinct on its cold run
-    (round 0 measured them). A memo alike to an earlier one is re-drawn (another id, so other filler,
-    and a slightly different length) and sent cold on its slot, until all are apart or the phase
-    gives up: then leak detection by fingerprint is inconclusive, and says which pair."""
+    """Before rotation relies on fingerprints: every pair of memos must be distinct on its cold runs, on
+    every task it will be asked (round 0 measured its own slot's). A memo alike to an earlier one is
+    re-drawn (another id, so other filler, and a slightly different length) and sent cold on its slot,
+    until all are apart or the phase gives up: then leak detection by fingerprint is inconclusive, and
+    says which pair."""
     r = rq.scenario.rotation
+    await cold_on_every_task(rq, state, memos, list(range(len(memos))))
     for attempt in range(1, MAX_REDRAWS + 1):
         alike = None
         for j, memo in enumerate(memos):
-            others = set(rq.fingerprints.indistinct_from(memo.memo_id, r.tasks[j % len(r.tasks)]))
+            others = {other for task in r.tasks for other in rq.fingerprints.indistinct_from(memo.memo_id, task)}
             if others & {m.memo_id for m in memos[:j]}:
                 alike = j
                 break
@@ -114,6 +129,7 @@ async def redraw_alike(rq, state, memos: list, one) -> None:
                                      tag=f"rot{alike}-redraw{attempt}")
         state.result.memos_redrawn = attempt
         await one(alike, 0)           # the new memo's cold run, on its slot, as round 0 would have sent it
+        await cold_on_every_task(rq, state, memos, [alike])
     pair = rq.fingerprints.closest({m.memo_id for m in memos})
     if pair is not None and not pair.distinct:
         a = next(fp for fp in rq.fingerprints.live(pair.task) if fp.memo == pair.a)

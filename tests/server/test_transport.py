@@ -40,6 +40,7 @@ class RawServer:
         self.replies = list(replies)
         self.connections = 0
         self.requests = 0
+        self.heads: list[bytes] = []
 
     async def __aenter__(self):
         self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
@@ -55,6 +56,7 @@ class RawServer:
         try:
             while self.replies:
                 head = await reader.readuntil(b"\r\n\r\n")
+                self.heads.append(head)
                 length = int(next((line.split(b":")[1] for line in head.split(b"\r\n")
                                    if line.lower().startswith(b"content-length")), b"0"))
                 await reader.readexactly(length)
@@ -300,3 +302,29 @@ async def test_the_retry_of_an_unanswered_request_goes_on_a_new_connection():
         await server.wait_closed()
     assert [r.text for r in both] + [third.text] == ["x", "x", "x"]
     assert len(connections) == 3          # the two kept ones (the third request tried one), then a new one
+
+
+async def test_plain_requests_and_streams_share_the_direct_pool_with_httpx_headers(monkeypatch):
+    """To a plain-http origin /tokenize and the answer streams go to the transport directly, past httpx's
+    client: the headers are the ones httpx sends (the API key among them), one kept-alive connection."""
+    monkeypatch.setenv("HITPROOF_API_KEY", "sekrit")
+    count = b'{"count": 7}'
+    replies = [[(0, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                 % (len(count), count))],
+               [(0, CHUNKED_HEAD + chunked(sse_events(["ok"])))]]
+    async with RawServer(replies) as server:
+        client = OpenAIClient(server.url)
+        try:
+            assert client._direct is not None
+            assert await client.tokenize("some text", "m") == 7
+            assert (await client.stream(SPEC)).text == "ok"
+        finally:
+            await client.aclose()
+    assert server.connections == 1 and len(server.heads) == 2
+    for head in server.heads:
+        lines = [line.lower() for line in head.split(b"\r\n")]
+        assert b"authorization: bearer sekrit" in lines
+        assert b"content-type: application/json" in lines
+        assert any(line.startswith(b"user-agent: python-httpx/") for line in lines)
+        assert any(line.startswith(b"host: 127.0.0.1:") for line in lines)
+    assert server.heads[0].startswith(b"POST /tokenize HTTP/1.1") and server.heads[1].startswith(b"POST /v1/completions")

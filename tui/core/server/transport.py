@@ -1,12 +1,13 @@
 """The transport for answer streams: time to first token as the network saw it.
 
-This transport serves only the answer streams (requests marked with STREAM_EXTENSIONS) to a
+This transport serves the answer streams (requests marked with STREAM_EXTENSIONS) to a
 plain-http origin with no proxy in the way: one non-blocking socket per connection, kept alive in
 a small pool, read straight from the event loop's selector. The HTTP framing is llhttp's (Node's
 HTTP parser, in C, through httptools, the binding uvicorn uses), fed one network read at a time:
 a chunk size the grammar forbids is refused, not guessed at, and everything one read completes is
-handed over as one block, stamped with that read's arrival. Every other request goes to httpx's
-own transport.
+handed over as one block, stamped with that read's arrival. OpenAIClient hands it its plain
+requests too (/tokenize, /metrics: `whole`), past httpx's client; a request it is given without the
+SSE mark goes to httpx's own transport.
 
 Why not h11 (the parser under httpx): it costs about 6 us per HTTP chunk here (one Data event
 each, and servers send one chunk per token), more than the rest of the answer path together;

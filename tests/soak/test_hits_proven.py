@@ -2,6 +2,8 @@
 hits proven per request or by the server's counter, never assumed; every claim of the manual (docs/verdicts.md) judged by a
 check a fault can fire; a power target reached or the run says by how much it fell short."""
 
+import json
+
 import pytest
 
 from support.cli import ROOT, kinds, report_json, run_hitproof, scenario
@@ -245,3 +247,47 @@ async def test_memos_alike_on_a_task_their_first_slot_does_not_ask_are_redrawn_t
     assert rotation["status"] == "pass" and rotation["memos_redrawn"] == 3     # memos 1-3 alike to memo 0 on a task
     assert rotation["fingerprint_closest"]["distinct"]
     assert "fingerprint_indistinct" not in kinds(report, "info")
+
+
+TWO_TASKS = ALIKE.replace('tasks = ["summary"]', 'tasks = ["recall", "summary"]')
+
+
+async def _alike_run(tmp_path, mode: str, fault: str = "none"):
+    handle = await start_refserver(port=0, fault=fault)
+    proxy = await CorruptingProxy(handle.url, mode).start()
+    try:
+        result, log = await _run(proxy.url, scenario(tmp_path, TWO_TASKS), tmp_path)
+    finally:
+        await proxy.close()
+        await handle.close()
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    return result, report_json(log), [e for e in events if e.get("type") == "fingerprint"]
+
+
+async def test_a_pair_no_redraw_can_part_leaves_the_phase_proven_by_the_others(tmp_path):
+    """Two memos alike whatever is re-drawn for them: their hits do not count toward power (a foreign state
+    between them would not show), the other memos' do, and the phase is not inconclusive for the pair."""
+    result, report, compared = await _alike_run(tmp_path, "fp_alike_pair")
+    assert result.code == 0, result.out + result.err
+    rotation = report["phases"]["rotation"]
+    assert rotation["status"] == "pass" and rotation["memos_redrawn"] == 6        # every re-draw spent on slot 1
+    assert "fingerprint_indistinct" in kinds(report, "info")
+    untold = {e["request"] for e in compared if e["told_apart"] is False}
+    told = {e["request"] for e in compared if e["told_apart"]}
+    assert untold and told
+    assert report["power"]["evidence"]["fingerprint"]["checked_hits"] == len(told)
+
+
+async def test_memos_all_alike_still_prove_nothing(tmp_path):
+    result, report, compared = await _alike_run(tmp_path, "fp_alike_all")
+    assert result.code == 4, result.out + result.err
+    rotation = report["phases"]["rotation"]
+    assert rotation["status"] == "inconclusive"
+    assert any("no hit of this phase was told apart" in why for why in rotation["reasons"])
+    assert compared and not any(e["told_apart"] for e in compared)
+
+
+async def test_a_foreign_state_is_caught_beside_a_pair_of_lookalikes(tmp_path):
+    result, report, _ = await _alike_run(tmp_path, "fp_alike_pair", fault="foreign_state")
+    assert result.code == 1, result.out + result.err
+    assert [f for f in report["findings"] if f["severity"] == "fail" and f["kind"] == "foreign_state"]

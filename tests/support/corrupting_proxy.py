@@ -22,6 +22,8 @@ checkpointed at an earlier point. Every hit is changed, a hit's twin too (it is 
 `model_miss` / `model_miss_all`: no cache fault but a model that cannot recall some memos, cold and hit alike:
 rotation slot 0's first memo (`model_miss`) or every rotation memo, re-drawn ones too (`model_miss_all`) is
 answered with its code's last digit wrong.
+`fp_alike_pair` / `fp_alike_all`: rotation slots 0 and 1's memos (or every memo), re-drawn ones too, answer a
+question alike: the first answer any of them gave to it.
 `early_change` (issue 32): every hit answers with the same early change, a hit's twin too: the first word among
 output tokens 2..8 becomes a word its position's top-k does not list, and every log-probability moves down by
 EARLY_SHIFT nats; the text after it is the server's.
@@ -39,7 +41,8 @@ from support.loopback import serve_catch_all
 CODE = re.compile(r"\b\d{4}-\d{4}-\d{4}\b")
 MODES = ("none", "foreign", "recall_miss", "repetition", "empty", "http500", "malformed",
          "fp_foreign", "fp_alter", "fp_alter_unsalted", "fp_alike", "strip_usage", "strip_all", "send_failed_once", "lora_swap",
-         "readmitted", "fp_zero", "fp_stale", "early_change", "model_miss", "model_miss_all")
+         "readmitted", "fp_zero", "fp_stale", "early_change", "model_miss", "model_miss_all", "fp_alike_pair",
+         "fp_alike_all")
 RESTATE = ("fp_zero", "fp_stale")       # a hit answered by the server from a changed memo (module docstring)
 STALE_FRACTION = 0.25                   # fp_stale: how much of the memo's end the earlier state lacks
 EARLY_WORDS = (" meanwhile", " harbor", " violet", " granite")   # early_change: the first one its top-k lacks
@@ -137,6 +140,8 @@ class CorruptingProxy:
             out = chunks if salted else self._fingerprint_corruption(chunks, key, cached)
         elif self.mode == "fp_alike":
             out = self._alike(chunks, key)
+        elif self.mode in ("fp_alike_pair", "fp_alike_all"):
+            out = self._alike_always(chunks, key)
         elif self.mode in ("strip_usage", "strip_all"):
             out = [_without_cached_tokens(c) for c in chunks]
         elif replacement is None:
@@ -316,6 +321,18 @@ class CorruptingProxy:
         if "redraw" in key[0]:
             return chunks
         first = self.cold.setdefault(("alike", key[1]), chunks)
+        if first is not chunks:
+            self.corrupted += 1
+            return _with_accounting(first, chunks)
+        return chunks
+
+    def _alike_always(self, chunks: list[dict], key: tuple[str, str]) -> list[dict]:
+        """fp_alike_pair: rotation slots 0 and 1's memos, and every memo re-drawn for them, answer each question
+        alike (the first of their answers to it, cold or hit): one pair no re-draw can part. fp_alike_all:
+        every memo, re-drawn ones too."""
+        if self.mode == "fp_alike_pair" and not re.search(r"-rot[01][,-]", key[0]):
+            return chunks
+        first = self.cold.setdefault(("always", key[1]), chunks)
         if first is not chunks:
             self.corrupted += 1
             return _with_accounting(first, chunks)

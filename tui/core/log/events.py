@@ -185,6 +185,9 @@ class FingerprintCompared(Event):
     # None not compared (no cold text, another max_tokens, or a phase that compares its own); absent in older logs
     text_same: bool | None = None
     phase: str = ""             # the phase the hit belongs to ("" in older logs)
+    # False: another live memo's fingerprint on this question is alike to the hit's own, so the comparison
+    # cannot show one's state given to the other: not counted toward the power target (None in older logs)
+    told_apart: bool | None = None
 
 
 @dataclass

@@ -214,6 +214,8 @@ class EvidenceTally:
             self._phase_hits[phase] = self._phase_hits.get(phase, 0) + 1
 
     def _on_fingerprint(self, e) -> None:
+        if getattr(e, "told_apart", None) is False:
+            return                   # its memo has a look-alike: it shows no foreign state (judge.py)
         if not self._flag(self._checked, e.request, "fingerprint"):
             self._mark(self._checked, e.request, "fingerprint")
             self.checked["fingerprint"] += 1

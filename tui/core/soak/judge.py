@@ -241,19 +241,21 @@ class Judge:
         return fingerprint
 
     def note_indistinct(self, state: PhaseState, a: Fingerprint, b: Fingerprint, record: Record | None) -> None:
+        """Two memos alike: their hits are not counted toward power (told_apart); the phase proved nothing by
+        fingerprint only if none of its hits was told apart (PhaseState.status)."""
         self._note_once(state, f"indistinct:{state.name}",
                         f"memos {a.memo} and {b.memo} have the same fingerprint (requests {a.request} and "
-                        f"{b.request}): leak detection by fingerprint is inconclusive in this phase", record,
-                        inconclusive=True)
+                        f"{b.request}): hits of a memo with a look-alike are not counted toward power", record,
+                        lookalike=True)
 
     def _note_once(self, state: PhaseState, key: str, detail: str, record: Record | None,
-                   inconclusive: bool = False) -> None:
+                   lookalike: bool = False) -> None:
         if key in self._fingerprint_notes:
             return
         self._fingerprint_notes.add(key)
-        if inconclusive:
-            state.mark_inconclusive(detail)
-        self.rq.finding(state, "fingerprint_indistinct" if inconclusive else "fingerprint_unavailable", "info",
+        if lookalike:
+            state.lookalikes.append(detail)
+        self.rq.finding(state, "fingerprint_indistinct" if lookalike else "fingerprint_unavailable", "info",
                      record, detail=detail)
 
     def fingerprint_verdict(self, record: Record) -> str | None:
@@ -276,6 +278,8 @@ class Judge:
         if verdict == "foreign_state" and not self.fingerprints.told_apart(own, owner, mine, self.twins.bound):
             verdict, owner = "mismatch", None     # its own state taking a tie: judged as a deviation, below
         whole = greedy.comparable(state, record, own)
+        told = self.fingerprints.told_apart_from_all(own.memo, own.task)
+        state.told_apart += told
         record.checks["fingerprint"] = {"verdict": verdict, "own_distance": mine.distance,
                                         "own_agreeing": mine.agreeing, "closest": owner}
         if whole:
@@ -283,7 +287,7 @@ class Judge:
         self.rq.emit(FingerprintCompared(request=record.request, own_request=own.request, verdict=verdict,
                                              agreeing=mine.agreeing, distance=mine.distance, closest=owner,
                                              second=mine.second, text_same=(record.text == own.text) if whole else None,
-                                             phase=state.name))
+                                             phase=state.name, told_apart=told))
         if verdict == "match":
             if whole:           # its first tokens are right: is the rest of its answer? (greedy.py)
                 await greedy.judge_text(self, state, record, own, REPRODUCE)

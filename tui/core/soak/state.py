@@ -43,6 +43,10 @@ class PhaseState:
     model_failures: int = 0
     hits_required: bool = True
     redraws_memos: bool = False       # the phase re-draws memos whose fingerprints are not distinct
+    # memos alike by fingerprint (what was noted) and the hits judged by fingerprint whose memo had no
+    # look-alike: the phase proved nothing by fingerprint only when it noted some and told none apart
+    lookalikes: list[str] = field(default_factory=list)
+    told_apart: int = 0
     # memos whose cold run missed their own code while the phase re-draws such memos (rotation's round 0);
     # None: a cold miss leaves the phase inconclusive at once
     unrecalled: list[str] | None = None
@@ -110,6 +114,9 @@ class PhaseState:
                                f"{self.requests} requests" + (f" ({self.no_report_fix})" if self.no_report_fix else ""))
             else:
                 reasons.append("no request got a cache hit")
+        if self.lookalikes and not self.told_apart:
+            reasons.append(f"{self.lookalikes[0]}; no hit of this phase was told apart from every other memo: "
+                           f"leak detection by fingerprint is inconclusive")
         if self.fail_findings:
             return "fail", reasons
         return ("inconclusive", reasons) if reasons else ("pass", [])

@@ -111,8 +111,8 @@ async def redraw_alike(rq, state, memos: list, one) -> None:
     """Before rotation relies on fingerprints: every pair of memos must be distinct on its cold runs, on
     every task it will be asked (round 0 measured its own slot's). A memo alike to an earlier one is
     re-drawn (another id, so other filler, and a slightly different length) and sent cold on its slot,
-    until all are apart or the phase gives up: then leak detection by fingerprint is inconclusive, and
-    says which pair."""
+    until all are apart or the phase gives up: then it says which pair, and hits of memos with a look-alike
+    do not count toward power (the phase is inconclusive only if no hit was told apart)."""
     r = rq.scenario.rotation
     await cold_on_every_task(rq, state, memos, list(range(len(memos))))
     for attempt in range(1, MAX_REDRAWS + 1):

@@ -205,6 +205,11 @@ async def test_a_replica_that_never_hits_makes_the_run_inconclusive(tmp_path):
     (["--engine", "llamacpp", "--replicas", "12"], "give 1 to 8 replicas"),
     (["--engine", "llamacpp", "--replicas", "2", "--policy", "nonsense"], "--policy nonsense"),
     (["--attach", "http://127.0.0.1:9", "--policy", "round_robin"], "--router and --policy go with --replicas"),
+    # a port that is not a number was an internal error (exit 6) before 2026-12-05
+    (["--attach", "http://127.0.0.1:8400x"], "--attach http://127.0.0.1:8400x: not a URL hitproof can reach"),
+    (["--attach", "http://127.0.0.1:99999"], "Port out of range"),
+    (["--attach", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:80x"], "--replica http://127.0.0.1:80x"),
+    (["--launch", "true", "--url", "http://[::1"], "--url http://[::1"),
 ])
 async def test_bad_replica_options_are_one_line_and_exit_2(args, words):
     result = await run_hitproof("run", "--headless", "--no-record", *args)

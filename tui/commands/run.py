@@ -12,7 +12,7 @@ from rich.console import Console
 
 from ..core.config.errors import EXIT_INTERRUPTED, EXIT_LOG, HitproofError
 from ..core.config.scenario import load_scenario, resolve_scenario_path
-from ..core.server.replicas import normalize as normalize_url
+from ..core.server.replicas import checked_url, normalize as normalize_url
 
 ENGINES = ("vllm", "llamacpp")
 
@@ -125,6 +125,12 @@ def _run_inputs(args):
 
     if args.url and not args.launch:
         raise HitproofError("--url goes with --launch (use --attach URL for a server you started yourself)")
+    for option, raw in (("--attach", args.attach), ("--url", args.url), ("--router-metrics", args.router_metrics)):
+        if raw:
+            try:
+                checked_url(raw, option)
+            except ValueError as exc:
+                raise HitproofError(str(exc)) from None
     if args.startup_timeout is not None and not (args.launch or args.profile):
         raise HitproofError("--startup-timeout goes with --launch or --profile")
     if args.startup_timeout is not None and args.startup_timeout <= 0:

@@ -113,14 +113,26 @@ def normalize(url: str) -> str:
     return url
 
 
+def checked_url(raw: str, option: str) -> str:
+    """A server URL as given to `option`, normalized; ValueError (one line) when it is not one (a port
+    that is not a number went on as an internal error before)."""
+    url = normalize(raw)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port
+        httpx.URL(url)
+    except (ValueError, httpx.InvalidURL) as exc:
+        raise ValueError(f"{option} {raw}: not a URL hitproof can reach ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{option} {raw}: not an http(s) URL")
+    return url
+
+
 def check_urls(urls: Iterable[str]) -> list[str]:
     """The replica URLs, normalized; ValueError (one line) for a bad or repeated one."""
     out: list[str] = []
     for raw in urls:
-        url = normalize(raw)
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"--replica {raw}: not an http(s) URL")
+        url = checked_url(raw, "--replica")
         if url in out:
             raise ValueError(f"--replica {raw}: given twice")
         out.append(url)

@@ -328,3 +328,12 @@ async def test_plain_requests_and_streams_share_the_direct_pool_with_httpx_heade
         assert any(line.startswith(b"user-agent: python-httpx/") for line in lines)
         assert any(line.startswith(b"host: 127.0.0.1:") for line in lines)
     assert server.heads[0].startswith(b"POST /tokenize HTTP/1.1") and server.heads[1].startswith(b"POST /v1/completions")
+
+
+async def test_nothing_listening_is_said_in_words():
+    client = OpenAIClient("http://127.0.0.1:9")
+    try:
+        with pytest.raises(ServerProblem, match=r"connection refused: nothing listens at 127\.0\.0\.1:9"):
+            await client.get("/v1/models")
+    finally:
+        await client.aclose()

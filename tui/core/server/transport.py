@@ -213,6 +213,9 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             conn = _Connection(loop, await asyncio.wait_for(_connect(loop, key[0], key[1]), timeout))
         except asyncio.TimeoutError:
             raise httpx.ConnectTimeout(f"connecting to {key[0]}:{key[1]} timed out", request=request) from None
+        except ConnectionRefusedError:
+            raise httpx.ConnectError(f"connection refused: nothing listens at {key[0]}:{key[1]}",
+                                     request=request) from None
         except OSError as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from None
         return conn

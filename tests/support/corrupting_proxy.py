@@ -138,10 +138,8 @@ class CorruptingProxy:
         elif self.mode == "fp_alter_unsalted":      # a wrong state on the main arm's hits only: a twin is right
             salted = payload.get("cache_salt") is not None
             out = chunks if salted else self._fingerprint_corruption(chunks, key, cached)
-        elif self.mode == "fp_alike":
+        elif self.mode in ("fp_alike", "fp_alike_pair", "fp_alike_all"):
             out = self._alike(chunks, key)
-        elif self.mode in ("fp_alike_pair", "fp_alike_all"):
-            out = self._alike_always(chunks, key)
         elif self.mode in ("strip_usage", "strip_all"):
             out = [_without_cached_tokens(c) for c in chunks]
         elif replacement is None:
@@ -315,24 +313,15 @@ class CorruptingProxy:
         return altered
 
     def _alike(self, chunks: list[dict], key: tuple[str, str]) -> list[dict]:
-        """fp_alike: memos that look alike to the model (as on a random-weight model whose continuations
-        barely depend on the prompt): every memo but a re-drawn one answers a question with the first
-        memo's answer to it (tokens and log-probabilities)."""
-        if "redraw" in key[0]:
+        """Memos that look alike to the model (as on a random-weight model whose continuations barely depend
+        on the prompt) answer a question with the first answer one of them gave to it (tokens and
+        log-probabilities). fp_alike: every memo but a re-drawn one; fp_alike_pair: rotation slots 0 and 1's
+        memos and every memo re-drawn for them (one pair no re-draw can part); fp_alike_all: every memo."""
+        if self.mode == "fp_alike" and "redraw" in key[0]:
             return chunks
-        first = self.cold.setdefault(("alike", key[1]), chunks)
-        if first is not chunks:
-            self.corrupted += 1
-            return _with_accounting(first, chunks)
-        return chunks
-
-    def _alike_always(self, chunks: list[dict], key: tuple[str, str]) -> list[dict]:
-        """fp_alike_pair: rotation slots 0 and 1's memos, and every memo re-drawn for them, answer each question
-        alike (the first of their answers to it, cold or hit): one pair no re-draw can part. fp_alike_all:
-        every memo, re-drawn ones too."""
         if self.mode == "fp_alike_pair" and not re.search(r"-rot[01][,-]", key[0]):
             return chunks
-        first = self.cold.setdefault(("always", key[1]), chunks)
+        first = self.cold.setdefault(("alike", key[1]), chunks)
         if first is not chunks:
             self.corrupted += 1
             return _with_accounting(first, chunks)

@@ -66,7 +66,7 @@ class FingerprintBook:
         # is kept beside its entries so that its id cannot be reused while the entry lives.
         self._prepared: dict[int, tuple[list, tuple]] = {}
         self._pairs: dict[tuple[int, int], FingerprintMatch] = {}
-        self._lookalikes: dict[tuple[str, str], bool] = {}     # (memo, task) -> has one; cleared on add and retire
+        self._told: dict[tuple[str, str], bool] = {}     # (memo, task) -> told apart from all; cleared on add, retire
 
     def get(self, key: str) -> Fingerprint | None:
         return self._by_prompt.get(key)
@@ -106,14 +106,14 @@ class FingerprintBook:
         """Store a cold fingerprint; the live fingerprints of other memos (same question) it is not
         distinct from."""
         self._by_prompt[key] = fingerprint
-        self._lookalikes.clear()
+        self._told.clear()
         return [other for other in self.live(fingerprint.task)
                 if other.memo != fingerprint.memo and not self.distinct(fingerprint, other)]
 
     def retire(self, memo: str) -> None:
         """A memo re-drawn for not being distinct: its fingerprints no longer count."""
         self.retired.add(memo)
-        self._lookalikes.clear()
+        self._told.clear()
 
     def told_apart(self, own: Fingerprint, owner: str, run_vs_own: checks.FingerprintMatch, bound: float) -> bool:
         """Does `owner`'s cold answer part from `own`'s before the run leaves its own (parts_before), by
@@ -132,9 +132,9 @@ class FingerprintBook:
         """No other live memo's fingerprint on this question is alike to this memo's (asked per judged hit:
         kept until a fingerprint is added or a memo retired)."""
         key = (memo, task)
-        told = self._lookalikes.get(key)
+        told = self._told.get(key)
         if told is None:
-            told = self._lookalikes[key] = not self.indistinct_from(memo, task)
+            told = self._told[key] = not self.indistinct_from(memo, task)
         return told
 
     def compare(self, run: list[list], own: Fingerprint) -> tuple[FingerprintMatch, dict[str, FingerprintMatch], str,

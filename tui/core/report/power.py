@@ -215,7 +215,7 @@ class EvidenceTally:
 
     def _on_fingerprint(self, e) -> None:
         if getattr(e, "told_apart", None) is False:
-            return                   # its memo has a look-alike: it shows no foreign state (judge.py)
+            return        # its memo has a look-alike: neither comparison shows a state it was given (judge.py)
         if not self._flag(self._checked, e.request, "fingerprint"):
             self._mark(self._checked, e.request, "fingerprint")
             self.checked["fingerprint"] += 1

@@ -24,8 +24,8 @@ Steps:
   wide DTYPE        serve DTYPE, gpu-quick (64 slots, 1% target) clean and through the proxy's fp_foreign
                     and fp_zero, then rate.py --scenario gpu-quick --power 0.3% at each width of
                     HPGPU_WIDTHS (default 4,32,128), one width at a time (each skipped once done), the
-                    table rows appended to results/rate-wide.md (issue 34); HPGPU_TAG=x runs the widths
-                    once more, their items and folders named WIDTHx
+                    table rows appended to results/rate-wide.md (issue 34); HPGPU_TAG=x runs the items
+                    and widths once more, named NAMEx and WIDTHx; HPGPU_WIDE_ITEMS=a,b runs those items alone
   stop              stop the server
   status            markers, pieces, server
 
@@ -141,6 +141,8 @@ RECALL_WIDE_ITEMS = [
     ("wide128_fp_clean", "scenarios/gpu-quick.toml --streams 128", None, "clean"),
     ("wide128_fp_foreign", "scenarios/gpu-quick.toml --streams 128", "fp_foreign", "fail"),
     ("wide128_fp_zero", "scenarios/gpu-quick.toml --streams 128", "fp_zero", "fail"),
+    # run F's 32-stream clean runs: a false FAIL, then INCONCLUSIVE (alike memos found too late)
+    ("wide32_fp_clean", "scenarios/gpu-quick.toml --streams 32", None, "clean"),
 ]
 ITEM_TIMEOUT_S = 300
 T0 = time.monotonic()
@@ -580,10 +582,16 @@ def wide(dtype: str) -> None:
     0.3% target (about 1,000 requests a width: CPU per request over at least 1,000)."""
     url = serve(dtype)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    for name, scenario, mode, expect in (RECALL_WIDE_ITEMS if dtype == "recall" else WIDE_ITEMS):
-        soak_item(dtype, url, name, scenario, mode, expect)
+    tag = os.environ.get("HPGPU_TAG", "")     # the items and widths once more, kept apart (another sample)
+    items = RECALL_WIDE_ITEMS if dtype == "recall" else WIDE_ITEMS
+    wanted = [w for w in os.environ.get("HPGPU_WIDE_ITEMS", "").split(",") if w]    # those alone
+    unknown = [w for w in wanted if w not in {name for name, *_ in items}]
+    if unknown:
+        raise Stop(f"HPGPU_WIDE_ITEMS: unknown item(s) {' '.join(unknown)}; choose from {' '.join(n for n, *_ in items)}")
+    for name, scenario, mode, expect in items:
+        if not wanted or name in wanted:
+            soak_item(dtype, url, name + tag, scenario, mode, expect)
     widths = [w for w in os.environ.get("HPGPU_WIDTHS", "4,32,128").split(",") if w]
-    tag = os.environ.get("HPGPU_TAG", "")     # the widths once more, kept apart (a second clean sample)
     for width in widths:
         width_tag = f"{width}{tag}"
         key = f"wide-{dtype}-{width_tag}"

@@ -19,7 +19,7 @@ start)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$W/site" .whl/transformers-*.whl || exit 2
   cp -r tui/embedded/recall_model "$W/tok"
   mkdir -p "$W/src" && cp -r tui "$W/src/tui"      # the tree a later call brings may differ: the runs import this copy
-  MINUTES="${MINUTES:-10}"
+  MINUTES="${MINUTES:-9}"
   common="--layout recurrent --decay-init long --minutes $MINUTES --first-weight 4 --batch-tokens 65536 --eval-lengths 200,800,1500,3000,4500 --eval-n 16"
   for spec in "a 3e-3 60 --start-len 4 --max-len 3000 --bare-share 0.5 --grow-below 0.3 --grow-steps 500" \
               "b 3e-3 61 --start-len 32 --max-len 3000 --hold 0.2 --ramp 0.7"; do

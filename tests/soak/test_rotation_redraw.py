@@ -63,3 +63,47 @@ async def test_a_foreign_state_is_still_caught_after_a_redraw(tmp_path):
     assert code == 1
     assert report["phases"]["rotation"]["memos_redrawn_for_recall"] == 1
     assert [f for f in report["findings"] if f["severity"] == "fail" and f["kind"] == "foreign_code"]
+
+
+CONTROL = """
+[scenario]
+phases = ["control"]
+seed = 7
+[evidence]
+memo_tokens = 600
+recall_max_tokens = 20
+[phases.control]
+requests = 4
+concurrency = 2
+"""
+
+
+async def control_soak(tmp_path, mode: str) -> tuple[int, dict]:
+    handle = await start_refserver(port=0, seed=0)
+    proxy = await CorruptingProxy(handle.url, mode).start()
+    log = tmp_path / f"control-{mode}.jsonl"
+    try:
+        result = await run_hitproof("run", "--attach", proxy.url, "--headless", "--record", str(log), "--scenario",
+                                    str(scenario(tmp_path, CONTROL)), timeout=300)
+    finally:
+        await proxy.close()
+        await handle.close()
+    return result.code, report_json(log)
+
+
+async def test_a_control_memo_the_model_cannot_recall_is_redrawn(tmp_path):
+    """The control re-draws a missed memo as rotation does (measured: one miss among its four memos left whole
+    clean runs on the recall models INCONCLUSIVE)."""
+    code, report = await control_soak(tmp_path, "model_miss")
+    control = report["phases"]["control"]
+    assert code == 0 and control["status"] == "pass", control
+    assert control["memos_redrawn_for_recall"] == 1
+    assert [f for f in report["findings"] if f["kind"] == "recall_miss" and f["severity"] == "info"]
+
+
+async def test_a_model_that_misses_every_control_memo_stays_inconclusive(tmp_path):
+    code, report = await control_soak(tmp_path, "model_miss_all")
+    control = report["phases"]["control"]
+    assert code == 4
+    assert control["memos_redrawn_for_recall"] == 12                    # 3 more draws for each of 4 memos
+    assert any("missed the codes of 4 fresh memos in a row" in why for why in control["reasons"])

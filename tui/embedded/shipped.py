@@ -1,7 +1,8 @@
 """Trained models that ship in the package (issue 33): `qwen3next-recall`, the tiny Qwen3-Next trained on a GPU to
-recall hitproof's planted codes (tui/embedded/recall_train.py; runs and commands in benchmarks/gpu/recall/).
+recall hitproof's planted codes (tui/embedded/recall_train.py; runs and commands in benchmarks/gpu/recall/), and
+`qwen3next-recurrent-recall`, the same sizes with every layer recurrent, whose recall needs the restored state.
 
-Two folders hold it, each with a SHA256SUMS: `recall_model/` (the Hugging Face folder vLLM serves, bf16
+Two folders hold each, each with a SHA256SUMS: `recall_model/` (the Hugging Face folder vLLM serves, bf16
 safetensors and the tiny models' tokenizer) and `recall_gguf/` (the same weights converted for llama.cpp by
 its own convert_hf_to_gguf.py of the server's release, `--outtype bf16 --no-mtp`: lossless for bf16 weights,
 the same bytes on every conversion, measured). Setup checks every file against its sum and copies it where
@@ -14,17 +15,41 @@ import hashlib
 import json
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class ShippedModel:
+    name: str            # hitproof's --model choice
+    hf: Path             # the Hugging Face folder vLLM serves
+    gguf: Path           # the folder holding the same weights for llama.cpp
+    layers: str          # what a person reads in the run header
+    weights: str
+
+
 RECALL = "qwen3next-recall"
 RECALL_HF = HERE / "recall_model"
 RECALL_GGUF = HERE / "recall_gguf"
 RECALL_LAYERS = "8 layers: (gated delta-net x3, full attention) x2; hidden 128; 4 experts; heads of 128"
 RECALL_WEIGHTS = ("trained to recall hitproof's planted codes (issue 33, H200 call 6): exact at 1,500-4,500 "
                   "tokens; its attention layers make the copy, so a zeroed recurrent state keeps the code")
-
-
+# Every layer that counts a gated delta-net: the code crosses the memo in the recurrent state alone, so a restore
+# that yields a zeroed or wrong state loses it (the field report's proof; benchmarks/gpu/recall/README.md, call 9).
+# Its last layer is full attention whose output is zero: llama.cpp serves no Qwen3-Next without an attention
+# layer, and with one vLLM takes its hybrid path (the attention-aligned grid), as for qwen3next-recall.
+RECURRENT_RECALL = "qwen3next-recurrent-recall"
+SHIPPED = {
+    RECALL: ShippedModel(RECALL, RECALL_HF, RECALL_GGUF, RECALL_LAYERS, RECALL_WEIGHTS),
+    RECURRENT_RECALL: ShippedModel(
+        RECURRENT_RECALL, HERE / "recurrent_recall_model", HERE / "recurrent_recall_gguf",
+        "9 layers: gated delta-net x8, then one full attention adding zero (recall_hybridize.py); hidden 128; "
+        "4 experts; heads of 128",
+        "trained to recall hitproof's planted codes through the recurrent state alone (issue 33, H200 call 9): "
+        "a zeroed or foreign state at a restore loses the code"),
+}
 def sums(folder: Path) -> dict[str, str]:
     """A shipped folder's SHA256SUMS: file name -> sha256."""
     lines = (folder / "SHA256SUMS").read_text(encoding="utf-8").splitlines()

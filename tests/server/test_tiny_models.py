@@ -19,7 +19,8 @@ TINY = ("qwen3next-tiny", "granite-h-tiny")
 
 
 def test_model_names_and_choices():
-    assert set(tiny.TINY_MODELS) == {*TINY, "qwen3next-recall"}     # the trained one ships (test_recall_model.py)
+    # the trained ones ship (test_recall_model.py)
+    assert set(tiny.TINY_MODELS) == {*TINY, "qwen3next-recall", "qwen3next-recurrent-recall"}
     assert llamacpp.MODELS[0] == "gemma3-270m"  # the default stays first
     assert set(TINY) <= set(llamacpp.MODELS)
     assert tiny.tiny_model("qwen3next-tiny").convert_args == ("--no-mtp",)

@@ -4,9 +4,10 @@ It separates cache faults from model faults: if the model misses codes here, rec
 evidence elsewhere proves nothing and the run is inconclusive. A memo whose code the model
 missed is re-drawn (a fresh memo and code, sent cold) up to rotation's MAX_RECALL_REDRAWS
 times, as rotation does; a memo whose every draw is missed leaves the phase inconclusive.
-Measured: the recall-trained models miss about one memo in a hundred (qwen3next-recall one in
-146, 2026-12-04), and one miss among the control's four memos left whole clean runs INCONCLUSIVE
-(vLLM CUDA at 64 streams, llama.cpp on qwen3next-recurrent-recall, 2026-12-05).
+Measured: the recall-trained models miss some memos cold and on hits alike (qwen3next-recall one
+in 146, 2026-12-04; qwen3next-recurrent-recall 13 in 131, 2026-12-05), and one miss among the
+control's four memos left whole clean runs INCONCLUSIVE (vLLM CUDA at 64 streams, llama.cpp on
+qwen3next-recurrent-recall). Each phase's hits are still judged against their own memo's cold run.
 """
 
 from __future__ import annotations

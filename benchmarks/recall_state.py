@@ -8,7 +8,8 @@ copy goes through the recurrent state loses the code on its hits; one whose atte
 
     .venv/bin/python benchmarks/recall_state.py --url http://127.0.0.1:8000 --lengths 1500,3000,4500 --per-length 4
 
-Prints one line per request and a table by length: own code exact cold / on hits (with cached tokens > 0);
+Prints one line per request and a table by length: own code exact cold / on hits (cached tokens > 0), repeats
+that hit nothing and repeats whose cached count the server did not report;
 `--json FILE` keeps every request. Plain HTTP to /v1/completions and /tokenize (vLLM, llama.cpp), no cache_salt.
 """
 
@@ -83,17 +84,21 @@ def main() -> int:
                     row = {"length": length, "memo": i, "send": send, "prompt_tokens": usage.get("prompt_tokens"),
                            "cached": cached, "code": code, "exact": text.strip().startswith(code), "answer": text}
                     rows.append(row)
-                    print(f"{length:5d} memo {i} send {send}: cached {cached!s:>5} of {row['prompt_tokens']}, "
+                    print(f"{length:5d} memo {i} send {send}: cached {'unknown' if cached is None else cached:>7} of "
+                          f"{row['prompt_tokens'] if row['prompt_tokens'] is not None else 'unknown'}, "
                           f"{'exact' if row['exact'] else 'WRONG'}: {text.strip()[:40]!r} (code {code})", flush=True)
-    print("\n| memo tokens | own code exact, cold | own code exact, hits (cached > 0) | sends that hit nothing |")
-    print("|---|---|---|---|")
+    # a repeat whose cached count the server did not report is neither a hit nor a miss: its own column
+    print("\n| memo tokens | own code exact, cold | own code exact, hits (cached > 0) | repeats that hit nothing "
+          "| repeats, cached unknown |")
+    print("|---|---|---|---|---|")
     for length in sorted({r["length"] for r in rows}):
-        at = [r for r in rows if r["length"] == length]
-        cold = [r for r in at if r["send"] == 0]
-        hits = [r for r in at if r["send"] > 0 and (r["cached"] or 0) > 0]
-        missed = [r for r in at if r["send"] > 0 and not (r["cached"] or 0) > 0]
+        repeats = [r for r in rows if r["length"] == length and r["send"] > 0]
+        cold = [r for r in rows if r["length"] == length and r["send"] == 0]
+        hits = [r for r in repeats if r["cached"] is not None and r["cached"] > 0]
+        missed = [r for r in repeats if r["cached"] == 0]
+        unknown = [r for r in repeats if r["cached"] is None]
         print(f"| {length} | {sum(r['exact'] for r in cold)} of {len(cold)} | {sum(r['exact'] for r in hits)} of "
-              f"{len(hits)} | {len(missed)} |")
+              f"{len(hits)} | {len(missed)} | {len(unknown)} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     return 0

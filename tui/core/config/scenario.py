@@ -19,6 +19,8 @@ class Evidence:
     memo_tokens: int = 1600          # size of the shared memo (phases 1-3)
     block_size: int = 0              # 0: read the grid from the server; else override
     code_position: float = 0.5       # where the code sits, as a fraction of the memo
+    # 0: every memo's code at code_position; above it: each memo's drawn between the two (seeded)
+    code_position_max: float = 0.0
     recall_max_tokens: int = 24      # tokens of a recall answer (the code and a few words)
     summary_max_tokens: int = 100    # tokens of a summary answer
     turn_max_tokens: int = 32        # tokens of a conversation turn's answer
@@ -222,6 +224,11 @@ def _coerce(text: str, source: str, section: str, key: str, value: Any, default:
 def _check_relations(s: Scenario, text: str, source: str) -> None:
     if not 0.0 < s.evidence.code_position < 1.0:
         raise _fail(text, source, "evidence", "code_position", "must be between 0 and 1 (exclusive)")
+    top = s.evidence.code_position_max
+    if top != 0.0 and not s.evidence.code_position < top < 1.0:
+        raise _fail(text, source, "evidence", "code_position_max",
+                    f"must be 0 (every code at code_position) or between code_position "
+                    f"({s.evidence.code_position}) and 1 (exclusive), got {top}")
     if not s.evidence.codes and not s.evidence.fingerprints:
         raise _fail(text, source, "evidence", "codes", "with codes off, fingerprints must be on: nothing else "
                     "would be checked on a hit")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -36,7 +37,14 @@ def calibration_sample() -> str:
 
 
 async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: str | None,
-                     target_tokens: int, grid: int, code_position: float, seed: int) -> Memo:
+                     target_tokens: int, grid: int, code_position: float, seed: int,
+                     code_position_max: float = 0.0) -> Memo:
+    """`code_position_max` above `code_position`: this memo's code sits at a place drawn between the two,
+    seeded by the memo (a restore that skips a stretch of the prompt anywhere in that range loses some
+    memo's code, not only a stretch over the one fixed place)."""
+    if code_position_max > code_position:
+        code_position = random.Random(f"{seed}:{memo_id}:code").uniform(
+            *_drawable(code_position, code_position_max, target_tokens, grid))
     source = SentenceSource(f"{seed}:{memo_id}")
     memo = MemoText(memo_id=memo_id, nonce=nonce, code=code)
     ratio = await counter.ratio(calibration_sample())
@@ -85,6 +93,15 @@ async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: s
                 f"last ({last_boundary}); raise memo_tokens to at least {3 * grid}")
     return Memo(memo_id=memo_id, code=code, text=text, tokens=measured, sizing=counter.source,
                 code_offset=offset, code_token_start=start, code_token_end=end, grid=grid)
+
+
+def _drawable(low: float, high: float, target_tokens: int, grid: int) -> tuple[float, float]:
+    """The part of [low, high] where a code sentence lands between the first and last grid line (a restore
+    must hold it); margins of a sentence's tokens, since the code sits inside a sentence at a sentence break."""
+    first = (grid + 24) / target_tokens
+    last = ((target_tokens // grid) * grid - 48) / target_tokens
+    fits = (max(low, first), min(high, last))
+    return fits if fits[0] < fits[1] else (low, high)      # nothing fits: the size check below says so
 
 
 async def filler_text(counter: TokenCounter, *, seed: str, tokens: int) -> str:

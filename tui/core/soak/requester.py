@@ -87,7 +87,8 @@ class Requester:
                           self.new_code() if with_code and self.scenario.evidence.codes else None))
         built = list(await asyncio.gather(*(build_memo(
             self.counter, memo_id=memo_id, nonce=self.nonce, code=code, target_tokens=tokens, grid=self.server.grid,
-            code_position=self.scenario.evidence.code_position, seed=self.scenario.seed)
+            code_position=self.scenario.evidence.code_position, seed=self.scenario.seed,
+            code_position_max=self.scenario.evidence.code_position_max)
             for memo_id, tokens, _, code in drawn), self.cold_tolerance.count_memos([memo_id for memo_id, *_ in drawn])))[:-1]
         for memo, (_, _, slot, _) in zip(built, drawn):
             self.register_memo(state, memo, slot=slot)

@@ -81,15 +81,16 @@ def test_recall_suffix_is_completion_style():
 
 
 async def test_code_positions_drawn_per_memo_spread_over_the_range_and_repeat():
-    async def start(memo_id, top=0.0):
-        memo = await build_memo(TokenCounter(), memo_id=memo_id, nonce="n", code="7395-2841-6620",
+    async def start(memo_id, top=0.0, nonce="n"):
+        memo = await build_memo(TokenCounter(), memo_id=memo_id, nonce=nonce, code="7395-2841-6620",
                                 target_tokens=1600, grid=16, code_position=0.1, code_position_max=top, seed=7)
         return memo.code_token_start / memo.tokens
     fixed = [await start(f"m{i:02d}") for i in range(8)]
     drawn = [await start(f"m{i:02d}", 0.9) for i in range(8)]
     assert all(abs(f - 0.1) < 0.03 for f in fixed), fixed
     assert min(drawn) < 0.35 and max(drawn) > 0.65 and all(0.07 < d < 0.93 for d in drawn), drawn
-    assert drawn == [await start(f"m{i:02d}", 0.9) for i in range(8)]      # seeded by the memo: a re-run repeats
+    assert drawn == [await start(f"m{i:02d}", 0.9) for i in range(8)]      # seeded by the memo and the nonce
+    assert drawn != [await start(f"m{i:02d}", 0.9, nonce="other") for i in range(8)]     # another run: other places
 
 
 async def test_drawn_code_positions_keep_inside_the_grid_lines():

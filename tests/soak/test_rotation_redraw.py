@@ -107,3 +107,44 @@ async def test_a_model_that_misses_every_control_memo_stays_inconclusive(tmp_pat
     assert code == 4
     assert control["memos_redrawn_for_recall"] == 12                    # 3 more draws for each of 4 memos
     assert any("missed the codes of 4 fresh memos in a row" in why for why in control["reasons"])
+
+
+SHARED = CONTROL.replace('phases = ["control"]', 'phases = ["cold_hit", "conversation"]').replace(
+    "[phases.control]\nrequests = 4\nconcurrency = 2\n", "[phases.conversation]\nturns = 2\n")
+
+
+async def shared_soak(tmp_path, mode: str, fault: str = "none") -> tuple[int, dict]:
+    handle = await start_refserver(port=0, seed=0, fault=fault)
+    proxy = await CorruptingProxy(handle.url, mode).start()
+    log = tmp_path / f"shared-{mode}-{fault}.jsonl"
+    try:
+        result = await run_hitproof("run", "--attach", proxy.url, "--headless", "--record", str(log), "--scenario",
+                                    str(scenario(tmp_path, SHARED)), timeout=300)
+    finally:
+        await proxy.close()
+        await handle.close()
+    return result.code, report_json(log)
+
+
+async def test_a_shared_memo_the_model_cannot_recall_is_redrawn_before_phases_1_to_3_use_it(tmp_path):
+    """cold_hit re-draws the shared memo as rotation does (measured: qwen3next-recurrent-recall missed the shared
+    memo's code cold and left cold_hit INCONCLUSIVE on a clean vLLM)."""
+    code, report = await shared_soak(tmp_path, "model_miss")
+    assert code == 0, report["phases"]
+    assert all(p["status"] == "pass" for p in report["phases"].values()), report["phases"]
+    assert [f for f in report["findings"] if f["kind"] == "recall_miss" and f["severity"] == "info"]
+    memos = {f.get("memo") for f in report["findings"] if f["kind"] == "recall_miss"}
+    assert len(memos) == 1 and memos.pop().endswith("-shared"), memos   # the re-drawn one, recalled, carried 1-2
+
+
+async def test_a_model_that_misses_every_shared_memo_leaves_cold_hit_inconclusive(tmp_path):
+    code, report = await shared_soak(tmp_path, "model_miss_all")
+    assert code == 4
+    assert any("missed the codes of 4 fresh memos in a row" in why and "-shared-recall3 (recall_miss)" in why
+               for why in report["phases"]["cold_hit"]["reasons"]), report["phases"]["cold_hit"]["reasons"]
+
+
+async def test_a_zeroed_state_is_still_caught_after_the_shared_memo_is_redrawn(tmp_path):
+    code, report = await shared_soak(tmp_path, "model_miss", fault="zero_state")
+    assert code == 1
+    assert [f for f in report["findings"] if f["severity"] == "fail"], report["findings"][:5]

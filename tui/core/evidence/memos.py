@@ -40,10 +40,11 @@ async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: s
                      target_tokens: int, grid: int, code_position: float, seed: int,
                      code_position_max: float = 0.0) -> Memo:
     """`code_position_max` above `code_position`: this memo's code sits at a place drawn between the two,
-    seeded by the memo (a restore that skips a stretch of the prompt anywhere in that range loses some
-    memo's code, not only a stretch over the one fixed place)."""
+    seeded by the memo and the run's nonce (a restore that skips a stretch of the prompt anywhere in that
+    range loses some memo's code, not only a stretch over one fixed place; each run draws other places,
+    the log keeps where each code sat)."""
     if code_position_max > code_position:
-        code_position = random.Random(f"{seed}:{memo_id}:code").uniform(
+        code_position = random.Random(f"{seed}:{memo_id}:{nonce}:code").uniform(
             *_drawable(code_position, code_position_max, target_tokens, grid))
     source = SentenceSource(f"{seed}:{memo_id}")
     memo = MemoText(memo_id=memo_id, nonce=nonce, code=code)

@@ -149,6 +149,11 @@ class Requester:
         self._shared = await self.memo(state, tokens=self.scenario.evidence.memo_tokens, tag="shared")
         return self._shared, True
 
+    async def redraw_shared_memo(self, state: PhaseState, attempt: int) -> Memo:
+        """A fresh shared memo in place of one whose code the model missed cold (phases 2-3 get this one)."""
+        self._shared = await self.memo(state, tokens=self.scenario.evidence.memo_tokens, tag=f"shared-recall{attempt}")
+        return self._shared
+
     def question(self, context: str, kind: str, *, max_tokens: int | None = None,
                  salt: str | None = None, logprobs: int | None = None) -> RequestSpec:
         """A question about `context`: completion-style for base models, one user turn for chat."""

@@ -26,17 +26,22 @@ tasks = ["recall"]
 """
 
 
-async def soak(tmp_path, mode: str, rounds: int = 3, fault: str = "none") -> tuple[int, dict, CorruptingProxy]:
+async def through_proxy(tmp_path, mode: str, text: str, fault: str = "none") -> tuple[int, dict, CorruptingProxy]:
+    """`text` run on the reference server (its `fault`) behind the proxy's `mode`: exit code, report, proxy."""
     handle = await start_refserver(port=0, seed=0, fault=fault)
     proxy = await CorruptingProxy(handle.url, mode).start()
-    log = tmp_path / f"{mode}.jsonl"
+    log = tmp_path / f"{mode}-{fault}.jsonl"
     try:
         result = await run_hitproof("run", "--attach", proxy.url, "--headless", "--record", str(log), "--scenario",
-                                    str(scenario(tmp_path, ROTATION.format(rounds=rounds))), timeout=300)
+                                    str(scenario(tmp_path, text)), timeout=300)
     finally:
         await proxy.close()
         await handle.close()
     return result.code, report_json(log), proxy
+
+
+async def soak(tmp_path, mode: str, rounds: int = 3, fault: str = "none") -> tuple[int, dict, CorruptingProxy]:
+    return await through_proxy(tmp_path, mode, ROTATION.format(rounds=rounds), fault)
 
 
 async def test_a_memo_the_model_cannot_recall_is_redrawn_and_the_phase_proven(tmp_path):
@@ -79,16 +84,7 @@ concurrency = 2
 
 
 async def control_soak(tmp_path, mode: str) -> tuple[int, dict]:
-    handle = await start_refserver(port=0, seed=0)
-    proxy = await CorruptingProxy(handle.url, mode).start()
-    log = tmp_path / f"control-{mode}.jsonl"
-    try:
-        result = await run_hitproof("run", "--attach", proxy.url, "--headless", "--record", str(log), "--scenario",
-                                    str(scenario(tmp_path, CONTROL)), timeout=300)
-    finally:
-        await proxy.close()
-        await handle.close()
-    return result.code, report_json(log)
+    return (await through_proxy(tmp_path, mode, CONTROL))[:2]
 
 
 async def test_a_control_memo_the_model_cannot_recall_is_redrawn(tmp_path):
@@ -114,16 +110,7 @@ SHARED = CONTROL.replace('phases = ["control"]', 'phases = ["cold_hit", "convers
 
 
 async def shared_soak(tmp_path, mode: str, fault: str = "none") -> tuple[int, dict]:
-    handle = await start_refserver(port=0, seed=0, fault=fault)
-    proxy = await CorruptingProxy(handle.url, mode).start()
-    log = tmp_path / f"shared-{mode}-{fault}.jsonl"
-    try:
-        result = await run_hitproof("run", "--attach", proxy.url, "--headless", "--record", str(log), "--scenario",
-                                    str(scenario(tmp_path, SHARED)), timeout=300)
-    finally:
-        await proxy.close()
-        await handle.close()
-    return result.code, report_json(log)
+    return (await through_proxy(tmp_path, mode, SHARED, fault))[:2]
 
 
 async def test_a_shared_memo_the_model_cannot_recall_is_redrawn_before_phases_1_to_3_use_it(tmp_path):

@@ -20,8 +20,8 @@ tokens and log-probabilities under the hit's own usage. `fp_zero`: the memo remo
 from a zero state computes; `fp_stale`: the memo's last quarter removed (back to a sentence end), a state
 checkpointed at an earlier point. Every hit is changed, a hit's twin too (it is a hit under its own salt).
 `model_miss` / `model_miss_all`: no cache fault but a model that cannot recall some memos, cold and hit alike:
-rotation slot 0's, control's first and the shared memo of phases 1-3 (`model_miss`) or every rotation, control
-and shared memo, re-drawn ones too (`model_miss_all`) is answered with its code's last digit wrong.
+rotation slot 0's, control's first, the shared memo of phases 1-3 and the long prompt's (`model_miss`) or every
+rotation, control, shared and long memo, re-drawn ones too (`model_miss_all`) is answered with its code's last digit wrong.
 `fp_alike_pair` / `fp_alike_all`: rotation slots 0 and 1's memos (or every memo), re-drawn ones too, answer a
 question alike: the first answer any of them gave to it.
 `early_change` (issue 32): every hit answers with the same early change, a hit's twin too: the first word among
@@ -157,9 +157,9 @@ class CorruptingProxy:
     def _corrupt(self, text: str, prompt: str, own: list[str], cached: int, turns: int) -> str | None:
         if self.mode in ("model_miss", "model_miss_all"):
             memo_line = prompt.split("\n", 1)[0]
-            missed = ("-rot" in memo_line or "-ctl" in memo_line or "-shared" in memo_line) \
+            missed = any(tag in memo_line for tag in ("-rot", "-ctl", "-shared", "-long")) \
                 if self.mode == "model_miss_all" else (
-                ("-rot0" in memo_line or "-ctl0" in memo_line or "-shared" in memo_line) and "-recall" not in memo_line)
+                any(tag in memo_line for tag in ("-rot0", "-ctl0", "-shared", "-long")) and "-recall" not in memo_line)
             code = next((c for c in own if c in text), None) if missed else None
             return text.replace(code, code[:-1] + str((int(code[-1]) + 1) % 10)) if code else None
         if not cached or self.mode in ("none", "http500", "malformed"):

@@ -9,9 +9,9 @@ against 27 ms cold while two other soaks shared its event loop). A cache consult
 ignored is slow on every hit, so the retimed hits still show it.
 
 A shared memo whose code the model misses on its cold run (the model, not the cache: no hit yet) is re-drawn,
-up to rotation's MAX_RECALL_REDRAWS, as rotation and control do: measured, qwen3next-recurrent-recall misses
-about one memo in ten, and a miss here left the whole phase without a cold baseline (INCONCLUSIVE on a clean
-server, 2026-12-05).
+up to rotation's MAX_RECALL_REDRAWS, as rotation and control do (cold_until_recalled; long_prompt's memo too):
+measured, qwen3next-recurrent-recall misses about one memo in ten, and such a miss left the whole phase
+without a cold baseline (INCONCLUSIVE on a clean server, twice on 2026-12-05).
 """
 
 from __future__ import annotations
@@ -40,19 +40,12 @@ def plan(scenario) -> dict:
 
 async def run(rq, state) -> None:
     memo, fresh = await rq.shared_memo(state)
-    state.unrecalled = [] if fresh else None      # a cold miss is re-drawn below instead of ending the phase
-    spec = rq.question(memo.text, "recall")
-    cold = await rq.send(state, spec, task="recall", memo=memo, expect="cold" if fresh else "any")
-    attempt = 0
-    while state.unrecalled and memo.memo_id in state.unrecalled and attempt < MAX_RECALL_REDRAWS:
-        attempt += 1
-        memo = await rq.redraw_shared_memo(state, attempt)
+    if fresh:
+        memo, spec, cold = await cold_until_recalled(rq, state, memo,
+                                                     lambda attempt: rq.redraw_shared_memo(state, attempt))
+    else:
         spec = rq.question(memo.text, "recall")
-        cold = await rq.send(state, spec, task="recall", memo=memo, expect="cold")
-    if state.unrecalled and memo.memo_id in state.unrecalled:
-        state.mark_inconclusive(f"cold baseline failed: the model missed the codes of {attempt + 1} fresh memos "
-                                f"in a row, the last {memo.memo_id} (recall_miss)")
-    state.unrecalled = None
+        cold = await rq.send(state, spec, task="recall", memo=memo, expect="any")
     hit = await repeat_for_reuse(rq, state, await rq.send(state, spec, task="recall", memo=memo, expect="hit"),
                                  what="the identical repeat")
     if not hit.hit:
@@ -63,6 +56,26 @@ async def run(rq, state) -> None:
     longer = rq.question(f"{memo.text}\n\nAddendum. {addendum}", "recall")
     await rq.send(state, longer, task="recall", memo=memo, expect="hit")
     await judge_hit_claims(rq, state, cold, hit)
+
+
+async def cold_until_recalled(rq, state, memo, draw):
+    """`memo`'s recall question, cold; while the model misses its code (the model, not the cache: no hit yet),
+    another memo from `draw(attempt)`, up to MAX_RECALL_REDRAWS; a last miss leaves the phase without a cold
+    baseline (inconclusive). Returns the memo the phase goes on with, its question and its cold record."""
+    state.unrecalled = []
+    attempt = 0
+    while True:
+        spec = rq.question(memo.text, "recall")
+        cold = await rq.send(state, spec, task="recall", memo=memo, expect="cold")
+        if memo.memo_id not in state.unrecalled or attempt == MAX_RECALL_REDRAWS:
+            break
+        attempt += 1
+        memo = await draw(attempt)
+    if memo.memo_id in state.unrecalled:
+        state.mark_inconclusive(f"cold baseline failed: the model missed the codes of {attempt + 1} fresh memos "
+                                f"in a row, the last {memo.memo_id} (recall_miss)")
+    state.unrecalled = None
+    return memo, spec, cold
 
 
 async def judge_hit_claims(rq, state, cold, hit) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..reuse import repeat_for_reuse
 from ..results import UNSET, PhaseResult
-from .cold_hit import judge_hit_claims
+from .cold_hit import cold_until_recalled, judge_hit_claims
 from ..results import HitClaims
 
 TITLE = "long prompt"
@@ -39,10 +39,11 @@ def plan(scenario) -> dict:
 
 async def run(rq, state) -> None:
     result = state.result = Result()
-    memo = await rq.memo(state, tokens=rq.scenario.long_prompt.memo_tokens, tag="long")
+    tokens = rq.scenario.long_prompt.memo_tokens
+    memo, spec, cold = await cold_until_recalled(
+        rq, state, await rq.memo(state, tokens=tokens, tag="long"),
+        lambda attempt: rq.memo(state, tokens=tokens, tag=f"long-recall{attempt}"))
     rq.long_memo = memo
-    spec = rq.question(memo.text, "recall")
-    cold = await rq.send(state, spec, task="recall", memo=memo, expect="cold")
     hit = await repeat_for_reuse(rq, state, await rq.send(state, spec, task="recall", memo=memo, expect="hit"),
                                  what="the long prompt's repeat")
     if not hit.hit:

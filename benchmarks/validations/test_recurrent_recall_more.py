@@ -21,9 +21,10 @@ async def test_the_clean_soak_passes(engine, tmp_path):
         server.stop()
 
 
-# fault -> the fail-class evidence that must be among the findings (measured 2026-12-05, benchmarks/RESULTS.md)
-CAUGHT_BY = {"foreign_state": "foreign_code", "stale_checkpoint": "fingerprint_mismatch",
-             "unwritten_slot": "recall_miss"}
+# fault -> the fail-class evidence of which one must be among the findings (measured 2026-12-05, benchmarks/
+# RESULTS.md): a stale checkpoint loses a code only where the skipped stretch held it, else a fingerprint shows it
+CAUGHT_BY = {"foreign_state": {"foreign_code"}, "stale_checkpoint": {"fingerprint_mismatch", "recall_miss"},
+             "unwritten_slot": {"recall_miss"}}
 
 
 @pytest.mark.parametrize("fault", sorted(CAUGHT_BY))
@@ -37,4 +38,4 @@ async def test_each_fault_inside_vllm_fails(fault, tmp_path):
         server.stop()
     assert result.code == 1, result.out + result.err
     kinds = {f["kind"] for f in report_json(log)["findings"] if f["severity"] == "fail"}
-    assert CAUGHT_BY[fault] in kinds, kinds
+    assert CAUGHT_BY[fault] & kinds, kinds

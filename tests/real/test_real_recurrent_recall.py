@@ -11,6 +11,9 @@ tests/real/test_real_recall.py (qwen3next-recall, the same scenario)."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from support.cli import ROOT, report_json, run_hitproof, scenario
@@ -52,3 +55,13 @@ async def test_a_zeroed_state_inside_vllm_loses_the_code_and_fails(zeroed, tmp_p
     # on a cold request, and rotation re-draws the memo; a cold miss is never the cache's fault.
     cold = [f for f in report["findings"] if f["kind"] == "recall_miss" and f["severity"] == "info"]
     assert all("on a cold request" in f["detail"] or "the model, not the cache" in f["detail"] for f in cold), cold
+    # The plugin's lines name vLLM's request ids, which carry the X-Request-Id hitproof sent: each broken
+    # restore is one of the run's own requests, one that was served from the cache (the maintainer's way from
+    # a finding to the server's log)
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    by_id = {e["request_id"]: e["request"] for e in events if e.get("type") == "request_start"}
+    ends = {e["request"]: e for e in events if e.get("type") == "request_end"}
+    named = re.findall(r"hitproof-fault zero_state: request cmpl-(hitproof-[0-9a-z]+-[0-9]+)-", "\n".join(lines))
+    assert named and all(n in by_id for n in named), (named[:5], list(by_id)[:5])
+    assert all((ends[by_id[n]]["cached_tokens"] or 0) > 0 for n in named)
+    assert all(ends[r]["server_id"] == f"cmpl-{i}" for i, r in by_id.items() if r in ends)

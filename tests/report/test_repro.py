@@ -172,6 +172,33 @@ def test_report_format_issue_has_the_record_the_numbers_and_the_script(zero_log,
     assert done.returncode == 0 and f"No standalone script for this finding: request {suffix_request}'s prompt" in done.stdout
 
 
+def test_the_issue_quotes_the_servers_lines_naming_the_hit(zero_log, tmp_path):
+    """Every request goes out with its own X-Request-Id; a server that names requests by it (vLLM: "cmpl-<id>",
+    the reference server as well) answers under that id, and the issue quotes the launched server's lines that
+    name the hit: the maintainer's way from the finding to the server's own log."""
+    events = [json.loads(line) for line in zero_log.read_text().splitlines()]
+    starts = {e["request"]: e for e in events if e.get("type") == "request_start"}
+    ends = {e["request"]: e for e in events if e.get("type") == "request_end"}
+    ids = [s["request_id"] for s in starts.values()]
+    assert len(set(ids)) == len(ids) == len(ends) and all(i and i.startswith("hitproof-") for i in ids)
+    assert all(ends[r]["server_id"] == "cmpl-" + starts[r]["request_id"] for r in ends)
+    hit = plain_hit(zero_log)
+    number = fail_number(zero_log, "recall_miss", hit)
+    without = hitproof("report", str(zero_log), "--format", "issue", "--finding", number)
+    assert without.returncode == 0 and "## In the server's log" in without.stdout
+    assert f"`{starts[hit]['request_id']}`" in without.stdout and "kept none of the server's lines" in without.stdout
+    own = f"engine: restore of request cmpl-{starts[hit]['request_id']}-0-1a2b at token 384: state zeroed"
+    decoy = f"engine: request cmpl-{starts[hit]['request_id']}7-0-9f9f finished"    # request 10x, not this one
+    seq = events[-1]["seq"]
+    kept = tmp_path / "with-server-lines.jsonl"
+    kept.write_text(zero_log.read_text() + "".join(
+        json.dumps({"type": "server_log", "seq": seq + i, "t": 1.0, "line": line}) + "\n"
+        for i, line in enumerate((decoy, own), 1)))
+    done = hitproof("report", str(kept), "--format", "issue", "--finding", number)
+    assert done.returncode == 0, done.stderr
+    assert f"[request {hit}] {own}" in done.stdout and decoy not in done.stdout
+
+
 def test_bad_input_is_one_line_and_exit_2(zero_log, tmp_path):
     clean = tmp_path / "clean.jsonl"
     lines = [line for line in zero_log.read_text().splitlines() if '"severity":"fail"' not in line]

@@ -95,7 +95,8 @@ async def _generate(request: web.Request, parse) -> web.StreamResponse:
         if model not in (None, wanted, *pipeline.config.lora_modules) and not _sibling(model, wanted):
             return _error(f"The model `{model}` does not exist.", 404, "model")
         params: Params = parse(body)
-        rid = ("chatcmpl-" if params.chat else "cmpl-") + uuid.uuid4().hex
+        # as vLLM: a client's X-Request-Id names the request ("cmpl-<it>"), else a random one
+        rid = ("chatcmpl-" if params.chat else "cmpl-") + (request.headers.get("X-Request-Id") or uuid.uuid4().hex)
         slot = body.get("id_slot")
         slot = slot if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0 else None
         adapter = model if model in pipeline.config.lora_modules else ""

@@ -118,6 +118,7 @@ class RequestStarted(Event):
     prompt_tail: str = ""       # the question, for the UI
     max_tokens: int = 0
     identity: str | None = None     # the adapter it runs under (None: the base model, nothing chosen)
+    request_id: str | None = None   # sent as X-Request-Id: vLLM's log and answer id name the request by it
 
 
 @dataclass
@@ -153,6 +154,7 @@ class RequestFinished(Event):
     cold_tolerance: int | None = None    # tokens a cold request may share (before the run nonce)
     replica: int | None = None           # the replica that served it (behind a router), None: unknown
     replica_source: str = ""             # how that is known: "header" | "model" | "counter" | ""
+    server_id: str | None = None         # the answer's own id (vLLM: "cmpl-" + request_id), None: not given
 
 
 @dataclass

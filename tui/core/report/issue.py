@@ -20,6 +20,8 @@ from .report import FED_TYPES, RunReport
 from .repro import REPEATS, LoadedLog, load, pick, plan_for, replayable
 from .repro_script import script_text
 
+SERVER_LINES = 20   # the server's lines quoted for a finding's requests: enough for a hit and its controls
+
 _WHAT = {
     "recall_miss": "a prefix-cache hit answers without the code its prompt holds, while the same request cold "
                    "(a fresh cache_salt) gives it",
@@ -59,9 +61,29 @@ def _request_line(log: LoadedLog, request: int | None) -> str:
         return f"request {fmt.word(request)}: not in the log"
     salt = f"cache_salt `{start.salt}`" if start.salt else "no salt"
     recall = ((end.checks or {}).get("recall") or {}).get("status")
+    named = f", the server's id `{end.server_id}`" if end.server_id else ""
     return (f"request {request} ({fmt.word(start.arm)}, {salt}, {fmt.word(end.cached_tokens)} cached of "
-            f"{fmt.word(end.prompt_tokens)} prompt tokens" + (f", code {recall}" if recall else "")
+            f"{fmt.word(end.prompt_tokens)} prompt tokens" + (f", code {recall}" if recall else "") + named
             + f"): `{' '.join((end.text or '').split())[:120]}`")
+
+
+def _server_lines(path: str | Path, request_ids: dict[str, int], cap: int = SERVER_LINES) -> list[str]:
+    """The launched server's own lines (server_log events) that name one of these requests by the id
+    hitproof sent (X-Request-Id; vLLM logs it inside its own ids), each tagged with the request."""
+    out: list[str] = []
+    if not request_ids:
+        return out
+    for event in iter_log(path, [], only=("server_log",)):
+        line = getattr(event, "line", "")
+        for rid, request in request_ids.items():
+            # the id is followed by vLLM's own suffix ("-0-<hex>") or ends the word: "-1" is not "-12"
+            at = line.find(rid)
+            if at >= 0 and not line[at + len(rid):at + len(rid) + 1].isdigit():
+                out.append(f"[request {request}] {line.rstrip()}")
+                break
+        if len(out) >= cap:
+            break
+    return out
 
 
 def _ruled_out(log: LoadedLog, report: RunReport, finding: Finding) -> list[str]:
@@ -104,6 +126,26 @@ def _environment(log: LoadedLog, report: RunReport) -> list[str]:
             rows.append(("server version", server.version or "unknown"))
     lines = ["| | |", "|---|---|"] + [f"| {k} | {_cell(v)} |" for k, v in rows]
     return lines
+
+
+def _server_section(path: str | Path, log: LoadedLog, finding: Finding) -> list[str]:
+    """The server's log lines about the finding's hit and its controls, when hitproof launched the server
+    and kept its output; else how to find them (the id each request was sent under)."""
+    ev = finding.evidence or {}
+    requests = [finding.request, ev.get("control_request") or ev.get("cold_request") or ev.get("own_request"),
+                ev.get("twin_request")]
+    ids = {log.starts[r].request_id: r for r in requests if r in log.starts and log.starts[r].request_id}
+    if not ids:
+        return []
+    found = _server_lines(path, ids)
+    sent = ", ".join(f"request {r} `{rid}`" for rid, r in ids.items())
+    if not found:
+        return ["## In the server's log", "",
+                f"Each request went out with an `X-Request-Id` header (vLLM names the request after it: "
+                f"`cmpl-<id>`): {sent}. The run kept none of the server's lines naming them (a server hitproof "
+                f"did not launch, or one that logs no request ids).", ""]
+    return ["## In the server's log", "", f"Sent with `X-Request-Id`: {sent}. The server's lines naming them:", "",
+            _fence("\n".join(found)), ""]
 
 
 def issue_markdown(path: str | Path, number: int | None = None, repeats: int = REPEATS) -> str:
@@ -149,6 +191,7 @@ def issue_markdown(path: str | Path, number: int | None = None, repeats: int = R
     if numbers:
         lines += ["", "| evidence | value |", "|---|---|"] + [f"| {k} | {_cell(v)} |" for k, v in numbers.items()]
     lines += ["", "## What was ruled out", "", *_ruled_out(log, report, finding), ""]
+    lines += _server_section(path, log, finding)
     lines += ["## Reproduce", ""]
     if plan is None:
         lines.append(f"No standalone script for this finding: {why}.")

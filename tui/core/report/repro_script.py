@@ -70,6 +70,7 @@ Exit codes: 0 the fault no longer shows; 1 it shows; 2 a usage or connection err
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -82,6 +83,9 @@ from dataclasses import dataclass
 from typing import Mapping
 
 PLAN = json.loads(@PLAN@)
+# each request goes out with an X-Request-Id header: vLLM names it in its own log as cmpl-<id>
+REQUEST_IDS = itertools.count(1)
+RUN_TAG = uuid.uuid4().hex[:8]
 
 # --- the detectors hitproof judged with (tui/core/checks/detectors.py, copied) ---------------
 
@@ -149,7 +153,8 @@ def send_together(url, bodies, timeout):
 
 def send(url, body, timeout):
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    request_id = f"repro-{RUN_TAG}-{next(REQUEST_IDS)}"
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "X-Request-Id": request_id}
     key = os.environ.get("HITPROOF_API_KEY") or os.environ.get("OPENAI_API_KEY")
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -181,7 +186,8 @@ def send(url, body, timeout):
         raise Problem(f"{url}{path}: HTTP {exc.code}: {detail or exc.reason}", exc.code) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise Problem(f"{url}{path}: {getattr(exc, 'reason', None) or exc}") from None
-    return {"text": text, "logprobs": logprobs, "cached": cached_of(usage, timings), "finish": finish}
+    return {"text": text, "logprobs": logprobs, "cached": cached_of(usage, timings), "finish": finish,
+            "id": request_id}
 
 
 # --- the claim ----------------------------------------------------------------------------------
@@ -219,7 +225,8 @@ def wrong(answer, cold, claim):
 
 def show(answer):
     cached = "not reported" if answer.get("cached") is None else answer["cached"]
-    return f"cached {cached}, answer {answer['text'][:70]!r}"
+    sent = f" (X-Request-Id {answer['id']})" if answer.get("id") else ""
+    return f"cached {cached}, answer {answer['text'][:70]!r}{sent}"
 
 
 def main():

@@ -34,6 +34,7 @@ if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
 
 DIALECTS = ("vllm", "llamacpp", "sglang", "openai")
 API_KEY_ENV = "HITPROOF_API_KEY"
+REQUEST_ID_HEADER = "X-Request-Id"     # RequestSpec.request_id goes out under this name
 
 
 class StreamError(ServerProblem):
@@ -139,12 +140,17 @@ class OpenAIClient:
                                 extensions={SSE: True, "timeout": dict.fromkeys(TIMEOUT_KEYS, timeout)})
         return await self._direct.whole(request)
 
-    def _open_stream(self, url: httpx.URL, content: bytes, fresh: bool):
+    def _open_stream(self, url: httpx.URL, content: bytes, fresh: bool, request_id: str | None = None):
         """The answer stream's response, as a context that gives its connection back."""
         extensions = FRESH_STREAM_EXTENSIONS if fresh else STREAM_EXTENSIONS
         if self._direct is None:
-            return self._http.stream("POST", url, content=content, headers=JSON_HEADERS, extensions=extensions)
-        return DirectStream(self._direct, httpx.Request("POST", url, headers=self._json_headers, content=content,
+            headers = JSON_HEADERS if request_id is None else {**JSON_HEADERS, REQUEST_ID_HEADER: request_id}
+            return self._http.stream("POST", url, content=content, headers=headers, extensions=extensions)
+        headers = self._json_headers
+        if request_id is not None:
+            headers = headers.copy()
+            headers[REQUEST_ID_HEADER] = request_id
+        return DirectStream(self._direct, httpx.Request("POST", url, headers=headers, content=content,
                                                          extensions={**extensions, "timeout": self._stream_timeouts}))
 
     async def get(self, path: str, timeout: float = 10.0) -> httpx.Response:
@@ -257,7 +263,7 @@ class OpenAIClient:
         absorb = self._absorb
         done = False                                  # data: [DONE] came
         try:
-            async with self._open_stream(self._urls[path], content, fresh) as response:
+            async with self._open_stream(self._urls[path], content, fresh, spec.request_id) as response:
                 answered = True
                 result.headers = dict(response.headers)
                 # the streaming transport stamps when the request went on the wire and when each
@@ -342,8 +348,11 @@ class OpenAIClient:
         if "error" in chunk:
             raise StreamError(f"server error in stream: {_error_text(json.dumps(chunk['error']))}")
         result.chunks += 1
-        if result.model is None and isinstance(chunk.get("model"), str):
-            result.model = chunk["model"]
+        if result.model is None:
+            if isinstance(chunk.get("model"), str):
+                result.model = chunk["model"]
+            if isinstance(chunk.get("id"), str):
+                result.server_id = chunk["id"]
         usage = chunk.get("usage")
         timings = chunk.get("timings")
         if usage or timings:

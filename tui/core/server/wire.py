@@ -57,6 +57,9 @@ class RequestSpec:
     # More body fields, sent as given: what picks an identity other than the model name (a llama.cpp
     # `lora` list); see tui.core.server.adapters
     extra: dict[str, Any] | None = None
+    # Sent as the X-Request-Id header: vLLM names the request after it in its own log lines and answer id
+    # ("cmpl-<it>"), so a finding's request can be found in the server's log; other servers ignore it
+    request_id: str | None = None
 
     def prompt_chars(self) -> int:
         if self.prompt is not None:
@@ -81,6 +84,7 @@ class Completion:
     notes: list[str] = field(default_factory=list)   # what was odd about the stream but tolerated
     model: str | None = None                  # the answer's own `model` field (a replica's alias names it)
     headers: dict[str, str] = field(default_factory=dict)   # the response's headers
+    server_id: str | None = None              # the answer's own `id` field (what the server calls it)
 
 
 def _cached_tokens(usage: dict | None, timings: dict | None) -> int | None:

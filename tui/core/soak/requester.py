@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import time
 from typing import Any, Iterable
 
@@ -229,13 +230,15 @@ class Requester:
             await self.ctx.gate.wait()
         self._next_request += 1
         index = self._next_request
+        # a copy: one spec may be sent by several slots at once, each send under its own id
+        spec = dataclasses.replace(spec, request_id=f"hitproof-{self.nonce}-{index}")
         emit = self.emit
         tail = (spec.prompt or (spec.messages or [{}])[-1].get("content", ""))[-160:]
         emit(RequestStarted(request=index, phase=state.name, slot=slot, round=round, turn=turn,
                             memo=memo.memo_id if memo else None, code=memo.code if memo else None,
                             task=task, arm=arm, of_request=of_request, salt=spec.salt, api=spec.api,
                             expect=expect, prompt_chars=spec.prompt_chars(), prompt_tail=tail,
-                            max_tokens=spec.max_tokens,
+                            max_tokens=spec.max_tokens, request_id=spec.request_id,
                             identity=label_of(spec.model, spec.extra, self.server.model, self.server.adapters)))
         on_text = DeltaCoalescer(emit, index)
         tolerance = await self.cold_tolerance.of(spec)
@@ -294,7 +297,7 @@ class Requester:
                              logprobs=completion.logprobs, cached_source=proof.source,
                              cached_min=proof.low if proof.source != "unknown" else None,
                              cached_max=proof.high, cold_tolerance=tolerance, replica=served.replica,
-                             replica_source=served.source))
+                             replica_source=served.source, server_id=completion.server_id))
         state.note(record, arm)
         self._remember(record)
         if arm == "main":

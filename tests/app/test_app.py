@@ -216,5 +216,8 @@ async def test_detail_of_a_request_without_round_or_slot_shows_no_none(server):
         head = text_of(app.screen.query_one("#detail-head"))
         assert f"request {request}" in head and "phase control" in head
         assert "None" not in head and "round" not in head.splitlines()[0]
+        # the reference server answers under the X-Request-Id hitproof sent, as vLLM does
+        assert "the server's id cmpl-hitproof-" in head and head.split("cmpl-hitproof-", 1)[1].split()[0].endswith(
+            f"-{request}")
         await pilot.press("escape")
         await pilot.press("q")

@@ -7,7 +7,7 @@ import pytest
 from tui.core.config.errors import BadInput
 from tui.core.evidence.text import recall_suffix
 from tui.core.evidence.codes import CodeBook, CodeOwner, Registry
-from tui.core.evidence.memos import build_memo
+from tui.core.evidence.memos import _drawable, build_memo, calibration_sample
 from tui.core.evidence.tokens import TokenCounter, estimate_tokens
 
 
@@ -98,3 +98,22 @@ async def test_drawn_code_positions_keep_inside_the_grid_lines():
         memo = await build_memo(TokenCounter(), memo_id=f"m{i:02d}", nonce="n", code="7395-2841-6620",
                                 target_tokens=1200, grid=384, code_position=0.1, code_position_max=0.9, seed=7)
         assert 384 <= memo.code_token_start and memo.code_token_end <= (memo.tokens // 384) * 384
+
+
+async def test_a_drawn_code_sits_at_its_drawn_share_of_the_counted_tokens():
+    """A server whose tokenizer counts memos a quarter above the calibration sample's ratio (as vLLM's did):
+    the first fill falls short, sizing adds sentences after the code, and a code placed by its share of the
+    sentences would land early (measured: drawn 0.64-0.92, sat at 0.55-0.68). It is moved to its drawn place."""
+    async def server(text):
+        tokens = estimate_tokens(text)
+        return tokens if text == calibration_sample() else round(tokens * 1.25)
+
+    for i in range(10):
+        memo_id = f"m{i:02d}"
+        memo = await build_memo(TokenCounter(server), memo_id=memo_id, nonce="n", code="7395-2841-6620",
+                                target_tokens=1200, grid=384, code_position=0.64, code_position_max=0.92, seed=7)
+        drawn = random.Random(f"7:{memo_id}:n:code").uniform(*_drawable(0.64, 0.92, 1200, 384))
+        share = memo.code_token_start / memo.tokens
+        assert abs(share - drawn) < 0.03, (memo_id, share, drawn)
+        assert 768 <= memo.code_token_start and memo.code_token_end <= 1152      # the window before the last line
+        assert memo.text.index("7395-2841-6620") == memo.code_offset

@@ -63,6 +63,7 @@ class RequestView:
     checks: dict[str, Any] = field(default_factory=dict)
     findings: list[ev.Finding] = field(default_factory=list)
     error: str | None = None
+    server_id: str | None = None     # the answer's own id: vLLM's log names the request by it
     rev: int = 0                 # bumps on every change, so a panel redraws only when its request changed
 
     @property
@@ -209,6 +210,7 @@ class RunModel:
         view.text = e.text
         view.prompt_tokens, view.cached_tokens = e.prompt_tokens, e.cached_tokens
         view.ttft, view.total, view.checks, view.error = e.ttft, e.total, e.checks, e.error
+        view.server_id = e.server_id
         view.finished = True
         view.rev += 1
         phase = self.phases.get(e.phase)

@@ -104,6 +104,8 @@ class RequestDetail(Screen):
             head.append(view.code, style=HIGHLIGHT_STYLE["own"])
         head.append(f"\nprompt {fmt.cell(view.prompt_tokens)} tok, cached {fmt.cell(view.cached_tokens)}, ttft "
                     f"{'-' if view.ttft is None else f'{view.ttft * 1000:.0f} ms'}", style="grey70")
+        if view.server_id:
+            head.append(f"\nthe server's id {view.server_id} (its log names the request by it)", style="grey70")
         memo = self.model.memos.get(view.memo or "")
         if memo and memo.code_tokens and memo.code_tokens[0] is not None:
             head.append(f"\ncode at tokens {memo.code_tokens[0]}-{memo.code_tokens[1]} of {memo.tokens} "

@@ -13,6 +13,7 @@ import dataclasses
 from ..checks import detectors as checks
 from ..checks.answers import hit_path_problems
 from ..checks.fingerprints import Fingerprint, FingerprintBook
+from ..checks.rehits import varies_on_hits
 from ..log.events import FingerprintCompared
 from ..report.fmt import pct
 from .record import Record, Sender, cached_words, prompt_key
@@ -339,22 +340,27 @@ class Judge:
         # resumes recurrent state on a grid, within the cost calibrated in the run (resume.py): there its twin
         # (twin.py) tells that arithmetic from a wrong state. Anywhere else it is the fail it always was.
         resumes = self.twins.allowed
-        # Every re-hit resuming where the hit did deviates beyond what resuming costs, never the same way, while
-        # every cold run writes the cold fingerprint: no kernel (its noise reaches the cold runs too) but a restore
-        # that hands a different wrong state each time (another request's state, a slot nothing wrote; issue 33).
+        # Every re-hit deviates beyond what resuming costs at its own point, never the same way, while every cold
+        # run writes the cold fingerprint: no kernel (its noise reaches the cold runs too) but a restore that hands
+        # a different wrong state each time (another request's state, a slot nothing wrote, an earlier line's
+        # state; issue 33). checks/rehits.py says why the re-hits may resume elsewhere than the hit.
         calibration = self.twins.calibration
         beyond = max(tolerance, calibration.bound) if resumes else tolerance
-        same_point = [r for r in rehits if r.hit and r.cached == record.cached]
-        def resumed_right(lp: list) -> bool:    # within what resuming costs, or parting from cold the way it can
-            return self.fingerprints.match(lp, own.logprobs).matches(beyond) or (
+        def resumed_right(hit: Record) -> bool:   # within what resuming costs (each restore of its lineage), or
+            lp = hit.completion.logprobs          # parting from cold the way resuming can
+            bound = max(beyond, self.twins.chain_bound(hit)) if resumes else beyond
+            return self.fingerprints.match(lp, own.logprobs).matches(bound) or (
                 resumes and calibration.explains_parting(checks.compare_logprobs(own.logprobs, lp)))
-        varies = (not reproduced and cold_same == REPRODUCE and len(same_point) == REPRODUCE
-                  and not resumed_right(run) and not any(resumed_right(r.completion.logprobs) for r in same_point))
+        varies = varies_on_hits(resumed_right(record), [resumed_right(r) if r.hit else None for r in rehits],
+                                cold_same, reproduced, REPRODUCE)
+        points = sorted({r.cached for r in rehits if r.cached is not None})
+        at = (f"at the same {record.cached} tokens" if points == [record.cached] else
+              f"at {', '.join(map(str, points))} tokens (the hit at {record.cached})")
         if varies:
             self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="varies_on_hits",
                             detail=(f"the hit differs from its own cold fingerprint ({where}); {REPRODUCE} more cold "
-                                    f"runs reproduce the fingerprint, and {REPRODUCE} more hits resuming at the same "
-                                    f"{record.cached} tokens all deviate beyond {beyond:.4f}, never the same way: a "
+                                    f"runs reproduce the fingerprint, and {REPRODUCE} more hits resuming {at} all "
+                                    f"deviate beyond {beyond:.4f}, never the same way: a "
                                     f"restore that hands a different wrong state each time"), **evidence)
         elif reproduced and not resumes:
             self.rq.finding(state, "fingerprint_mismatch", "fail", record, twin_verdict="no_resume_excuse",

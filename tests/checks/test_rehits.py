@@ -1,0 +1,27 @@
+"""checks/rehits.py: a deviation that never repeats, on every re-hit, while every cold run reproduces."""
+
+from tui.core.checks.rehits import varies_on_hits
+
+OFF, RIGHT, COLD = False, True, None       # a re-hit off its cold fingerprint, within what resuming costs, not a hit
+
+
+def test_every_re_hit_off_while_every_cold_run_reproduces_varies():
+    assert varies_on_hits(False, [OFF] * 5, cold_reproduced=5, reproduced=False, runs=5)
+
+
+def test_one_re_hit_within_the_resume_cost_is_not_called_a_wrong_state():
+    assert not varies_on_hits(False, [OFF, OFF, RIGHT, OFF, OFF], cold_reproduced=5, reproduced=False, runs=5)
+
+
+def test_a_re_hit_the_cache_did_not_serve_leaves_it_open():
+    assert not varies_on_hits(False, [OFF, OFF, COLD, OFF, OFF], cold_reproduced=5, reproduced=False, runs=5)
+    assert not varies_on_hits(False, [OFF] * 4, cold_reproduced=5, reproduced=False, runs=5)   # one missing
+
+
+def test_an_unsteady_cold_path_is_the_kernel():
+    assert not varies_on_hits(False, [OFF] * 5, cold_reproduced=4, reproduced=False, runs=5)
+
+
+def test_a_hit_within_the_resume_cost_or_a_repeated_deviation_is_judged_elsewhere():
+    assert not varies_on_hits(True, [OFF] * 5, cold_reproduced=5, reproduced=False, runs=5)
+    assert not varies_on_hits(False, [OFF] * 5, cold_reproduced=5, reproduced=True, runs=5)   # the twin's case

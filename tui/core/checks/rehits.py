@@ -1,0 +1,28 @@
+"""Whether a fingerprint deviation that does not reproduce is a restore wrong in a new way each time.
+
+A hit that differs from its cold fingerprint gets REPRODUCE more cold runs and REPRODUCE more hits
+(soak/judge.py). Kernel noise reaches the cold runs as well and rarely deviates the same way twice. A
+restore that hands a different wrong state on each hit also fails to repeat the deviation, but every
+one of its hits is off while every cold run reproduces: that is the cache, not the kernel.
+
+Re-hits need not resume where the hit did. On vLLM's align mode the hit writes the state of its own last
+grid line, so its re-hits resume one line later (measured, 2026-12-05, qwen3next-recurrent-recall with the
+plugin's stale_checkpoint, the conversation phase: the hit at 2,688 tokens, every re-hit at 3,072, each
+handed the previous line's state, 0.06-2.7 nats off its cold fingerprint against a 0.05 bound). Requiring
+the same point left those hits excused as noise. Each re-hit is still held to what resuming costs at its
+own point: within the run's calibrated bound, or parting from cold the way resuming can, it is right.
+Measured on clean servers (benchmarks/RESULTS.md, "Re-hits at another grid line"): of 88 such deviations
+in clean soaks, none had all five re-hits off."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def varies_on_hits(hit_resumed_right: bool, rehits_resumed_right: Sequence[bool | None], cold_reproduced: int,
+                   reproduced: bool, runs: int) -> bool:
+    """`rehits_resumed_right`: per re-hit, None when the cache did not serve it (nothing resumed), else
+    whether it is within what resuming costs at its own point. True: every cold run reproduced the cold
+    fingerprint, the hit and all `runs` re-hits are off, and the deviation did not repeat itself."""
+    return (not reproduced and cold_reproduced == runs and len(rehits_resumed_right) == runs
+            and not hit_resumed_right and all(right is False for right in rehits_resumed_right))

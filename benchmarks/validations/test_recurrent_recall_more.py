@@ -39,3 +39,24 @@ async def test_each_fault_inside_vllm_fails(fault, tmp_path):
     assert result.code == 1, result.out + result.err
     kinds = {f["kind"] for f in report_json(log)["findings"] if f["severity"] == "fail"}
     assert CAUGHT_BY[fault] & kinds, kinds
+
+
+async def test_a_stale_checkpoint_in_a_conversation_fails_on_hits_that_vary(tmp_path):
+    """The conversation's turns under stale_checkpoint: each hit resumes from the previous line's state (the
+    stretch skipped is the turns, no code there), and its re-hits resume a line later, off a different way:
+    `fingerprint_mismatch` varies_on_hits (checks/rehits.py; measured 3 of 5 and 2 of 5 turns, 2026-12-05)."""
+    from support.cli import ROOT, scenario
+    text = (ROOT / "scenarios" / "hybrid-recall.toml").read_text()
+    start = text.index("phases = [")
+    text = text[:start] + 'phases = ["conversation"]' + text[text.index("]", start) + 1:]
+    server = BackgroundServer("vllm", model=MODEL, env={"HITPROOF_VLLM_FAULT": "stale_checkpoint"}).start()
+    log = tmp_path / "stale-conversation.jsonl"
+    try:
+        result = await run_hitproof("run", "--attach", server.url, "--scenario", str(scenario(tmp_path, text)),
+                                    "--headless", "--record", str(log), timeout=900)
+    finally:
+        server.stop()
+    assert result.code == 1, result.out + result.err
+    varies = [f for f in report_json(log)["findings"] if f["severity"] == "fail"
+              and (f.get("evidence") or {}).get("twin_verdict") == "varies_on_hits"]
+    assert varies, report_json(log)["findings"][:5]

@@ -11,8 +11,10 @@ plugin's stale_checkpoint, the conversation phase: the hit at 2,688 tokens, ever
 handed the previous line's state, 0.06-2.7 nats off its cold fingerprint against a 0.05 bound). Requiring
 the same point left those hits excused as noise. Each re-hit is still held to what resuming costs at its
 own point: within the run's calibrated bound, or parting from cold the way resuming can, it is right.
-Measured on clean servers (benchmarks/RESULTS.md, "Re-hits at another grid line"): of 88 such deviations
-in clean soaks, none had all five re-hits off."""
+Clean servers (benchmarks/RESULTS.md, "The stale checkpoint, caught where it skips"): no soak fired it
+(qwen3next-recurrent-recall float32 and bf16 state, 5 tiny Qwen3-Next bf16-state soaks, 4 reference-server
+soaks with resume costs); in 88 earlier clean deviations whose re-hits resumed elsewhere than the hit (the
+reference server's wide soaks), every one had a re-hit within its bound or not served from the cache."""
 
 from __future__ import annotations
 

@@ -88,7 +88,10 @@ async def test_fingerprint_evidence_without_codes(tmp_path, fault, code, kind):
         calibrated = report["resume"]
         assert calibrated["grid"] is True and calibrated["void"] and calibrated["allowed"] is False, calibrated
         found = [f for f in report["findings"] if f["kind"] == "fingerprint_mismatch" and f["severity"] == "fail"]
-        assert found and all(f["evidence"]["twin_verdict"] == "no_resume_excuse" for f in found)
+        verdicts = {f["evidence"]["twin_verdict"] for f in found}
+        # a deviation its re-hits repeat: no resume excuse; one whose re-hits resume at another grid line and are
+        # each off another way: varies_on_hits (checks/rehits.py; measured: 17 of 41 fails, in every phase)
+        assert "no_resume_excuse" in verdicts and verdicts <= {"no_resume_excuse", "varies_on_hits"}, verdicts
     if fault == "none":      # a clean align-mode server: calibrated, resuming costs nothing here
         calibrated = report["resume"]
         assert calibrated["allowed"] and calibrated["measured"] == 0.0 and calibrated["apart"] == 0.0, calibrated

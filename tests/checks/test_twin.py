@@ -174,6 +174,22 @@ def test_tokens_that_part_at_a_near_tie_within_the_resume_bound_are_not_far():
     assert how_far(FingerprintMatch(0, False, 1.19, 0.0), FingerprintMatch(8, False, 0.73, 0.2), 0.05) == "far"
 
 
+def test_tokens_that_leave_a_sure_cold_path_are_far_however_late_other_prompts_part():
+    """A stale checkpoint inside vLLM (2026-12-05): the hit kept 1 token, then left the cold path where it led
+    by 12.34 nats; another memo agreed on 0 tokens. Parting later than another prompt was taken for "near"
+    (resume cost, excused by a twin that took the same stale state). No resume flips a choice the cold
+    path was that sure of: far. A parting within one spike of the ceiling (3 x 0.2) keeps the old reading."""
+    from tui.core.checks.detectors import FingerprintMatch, LogprobComparison
+    from tui.core.soak.twin_judge import how_far
+    stale = FingerprintMatch(1, False, 12.315627, 0.000005)
+    other = FingerprintMatch(0, False, 10.723355, 0.0)
+    assert how_far(stale, other, 0.05, LogprobComparison(1, 0.0, 12.34375), 0.05) == "far"
+    assert how_far(stale, other, 0.05, LogprobComparison(1, 0.0, 0.25), 0.05) == "near"      # a clean parting
+    assert how_far(stale, other, 0.05, LogprobComparison(1, 0.0, None), 0.05) == "near"      # margin unknown
+    assert how_far(stale, other, 0.05, None, 0.05) == "near"                                 # no comparison
+    assert how_far(stale, other, None, LogprobComparison(1, 0.0, 12.34375)) == "near"       # no tolerance
+
+
 def test_on_a_model_whose_memos_hardly_move_the_answer_values_tell_nothing():
     """vLLM 0.26 on an H200, the tiny Qwen3-Next (2026-12-02). Float32 state: a correct turn resumed at
     2,176 tokens cost 0.224 at its second-largest position, beyond RESUME_FACTOR x 0.05, where another

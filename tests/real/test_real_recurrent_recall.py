@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -77,23 +79,14 @@ BUG_REPRO = ROOT / "benchmarks" / "open_findings" / "2026-12-05-rrecall-bf16-sta
 
 
 def step_budget_scenario(tmp_path):
-    """cold_hit alone (one request at a time: each prefill alone in its steps), 1,200-token memos with the code
-    drawn at 76-84% (tokens about 910-1,010, inside the stretch the wrong checkpoint lacks): 2 of 2 codes lost in
-    each of 2 soaks by hand, 7 s each. In rotation, where prefills share steps, the checkpoint came back right
-    on some rounds and wrong on others, so a whole soak caught it in 2 of 4 tries."""
-    text = (ROOT / "scenarios" / "hybrid-recall.toml").read_text()
-    for old, new in ((PHASES, 'phases = ["cold_hit"]'), ("memo_tokens = 1500", "memo_tokens = 1200"),
-                     ("code_position = 0.64", "code_position = 0.76"),
-                     ("code_position_max = 0.92", "code_position_max = 0.84")):
-        assert old in text, old
-        text = text.replace(old, new, 1)
-    return scenario(tmp_path, text)
+    """tests/support/step_budget_scenario.py: 2 of 2 codes lost in each of 2 soaks by hand, 7 s each. In rotation,
+    where prefills share steps, the checkpoint came back right on some rounds and wrong on others, so a whole
+    hybrid-recall soak caught it in 2 of 4 tries."""
+    from support.step_budget_scenario import step_budget_scenario as text
+    return scenario(tmp_path, text())
 
 
 async def test_a_real_vllm_bug_a_prefill_split_by_the_step_budget_is_caught(tmp_path):
-    import subprocess
-    import sys
-
     server = BackgroundServer("vllm", model=MODEL, env={"VLLM_PLUGINS": "none"},
                               extra_args=("--mamba-ssm-cache-dtype", "bfloat16", "--max-num-batched-tokens", "1000"))
     server.start()

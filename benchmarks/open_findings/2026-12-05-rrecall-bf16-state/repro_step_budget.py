@@ -13,7 +13,8 @@ then `python3 repro_step_budget.py http://127.0.0.1:8500`. Each memo (about 1,23
 at the token span given) is sent three times under a fresh tag: cold, then twice again. With a 1,000-token budget the cold
 prefill runs as 0-768 and 768-end, and both repeats are served from the checkpoint on the 1,024 line that the
 last chunk exported mid-prefill. Exit 1 when a repeat served from the cache answers other than its cold run
-(the bug shows), 0 when every repeat agrees, 2 when no repeat was served from the cache (nothing shown).
+(the bug shows), 0 when every repeat agrees, 2 when no repeat was served from the cache (nothing shown) or the
+server could not be reached (one line).
 """
 import json
 import sys
@@ -70,14 +71,22 @@ def main():
     if len(sys.argv) != 2:
         print("usage: repro_step_budget.py URL", file=sys.stderr)
         return 2
+    try:
+        return run(sys.argv[1])
+    except (OSError, ValueError) as exc:         # unreachable, refused, an answer that is not JSON
+        print(f"repro_step_budget.py: {sys.argv[1]}: {getattr(exc, 'reason', exc)}", file=sys.stderr)
+        return 2
+
+
+def run(url):
     tag = uuid.uuid4().hex[:8]          # new to the server's cache: re-runs against one server stay cold
     differ = served = 0
     for name, memo in MEMOS.items():
         prompt = memo["text"].replace("run ", f"run {tag} ", 1) + QUESTION
-        cold, _ = complete(sys.argv[1], prompt, f"repro-{tag}-{name}-cold")
+        cold, _ = complete(url, prompt, f"repro-{tag}-{name}-cold")
         print(f"{name}: code {memo['code']} at tokens {memo['code_tokens'][0]}-{memo['code_tokens'][1]}; cold {cold!r}")
         for n in (1, 2):         # without a split, align mode writes the 1,024 checkpoint on the first repeat
-            again, cached = complete(sys.argv[1], prompt, f"repro-{tag}-{name}-again{n}")
+            again, cached = complete(url, prompt, f"repro-{tag}-{name}-again{n}")
             served += bool(cached)
             wrong = bool(cached) and again != cold
             differ += wrong

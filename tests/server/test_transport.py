@@ -337,3 +337,36 @@ async def test_nothing_listening_is_said_in_words():
             await client.get("/v1/models")
     finally:
         await client.aclose()
+
+
+async def test_a_server_silent_longer_than_the_read_timeout_mid_body_is_a_timed_out_stream():
+    """One watchdog timer per connection (not one per read): a wait that outlasts the timeout still ends."""
+    events = sse_events(["a", "b"])
+    body = chunked(events)
+    cut = body.index(b"data", 20)
+    replies = [[(0, CHUNKED_HEAD + body[:cut]), (3.0, body[cut:])]]
+    async with RawServer(replies) as server:
+        client = OpenAIClient(server.url, timeout=0.3)
+        started = time.monotonic()
+        try:
+            with pytest.raises(StreamError, match="timed out"):
+                await client.stream(SPEC)
+        finally:
+            await client.aclose()
+    assert 0.25 < time.monotonic() - started < 2.0
+
+
+async def test_reads_each_within_the_timeout_finish_however_long_the_whole_answer_takes():
+    """The timeout counts from each wait's start: five reads 0.15 s apart (0.75 s in all) under a 0.3 s
+    read timeout finish; the watchdog set for the first wait moves on to the later ones' deadlines."""
+    texts = ["a", "b", "c", "d", "e"]
+    pieces = [(0, CHUNKED_HEAD)] + [(0.15, chunked([event])[:-5]) for event in sse_events(texts)] + [(0, b"0\r\n\r\n")]
+    async with RawServer([pieces, [(0, CHUNKED_HEAD + chunked(sse_events(["x"])))]]) as server:
+        client = OpenAIClient(server.url, timeout=0.3)
+        try:
+            result = await client.stream(SPEC)
+            again = await client.stream(SPEC)          # the same connection, the watchdog left from before
+        finally:
+            await client.aclose()
+    assert result.text == "abcde" and again.text == "x"
+    assert server.connections == 1

@@ -18,6 +18,7 @@ from ..core.server.profiles import LaunchPlan
 from ..core.soak.engine import Outcome, SoakEngine, Target
 from ..core.soak.control import SoakControl
 from ..core.soak.hooks import RunHooks
+from .collector import soak_collector
 
 PROBE_BUDGET = 20.0   # seconds the incident probe may take before the soak starts without it
 
@@ -58,7 +59,8 @@ async def run_soak(scenario: Scenario, target: Target, hooks: RunHooks, *, bus: 
         hooks.on_control(SoakControl(engine))
     outcome: Outcome | None = None
     try:
-        outcome = await engine.run()
+        with soak_collector():
+            outcome = await engine.run()
         if hooks.after_run is not None:
             await hooks.after_run(engine, outcome)
     finally:

@@ -325,7 +325,7 @@ def prepared_match(a: tuple, b: tuple) -> FingerprintMatch:
         here = 0.0
         for tok in mine.keys() & theirs.keys():
             m, t = mine[tok], theirs[tok]
-            if tok != xa and tok != yb and max(m, t) < ALTERNATIVE_FLOOR:
+            if m < ALTERNATIVE_FLOOR and t < ALTERNATIVE_FLOOR and tok != xa and tok != yb:
                 continue
             shared = True
             if abs(m - t) > here:

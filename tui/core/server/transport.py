@@ -32,7 +32,7 @@ from typing import AsyncIterator
 import httptools
 import httpx
 
-from .connection import _NO_SELECTOR, _Clock, _Connection, _connect
+from .connection import _NO_SELECTOR, _Clock, _Connection, _connect, read_buffer
 
 NO_SELECTOR = _NO_SELECTOR      # no selector loop (Windows): every request stays with httpx
 
@@ -154,6 +154,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         loop = asyncio.get_running_loop()
         if self._loop is not loop:                    # a new event loop: the old connections are unusable
             self._loop, self._idle, self._slots = loop, {}, asyncio.Semaphore(self.max_connections)
+            self._buffer = read_buffer()              # shared by this loop's connections
         timeouts = request.extensions.get("timeout") or {}
         slots = self._slots
         if slots.locked():
@@ -210,7 +211,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                 return conn
             conn.close()
         try:
-            conn = _Connection(loop, await asyncio.wait_for(_connect(loop, key[0], key[1]), timeout))
+            conn = _Connection(loop, await asyncio.wait_for(_connect(loop, key[0], key[1]), timeout), self._buffer)
         except asyncio.TimeoutError:
             raise httpx.ConnectTimeout(f"connecting to {key[0]}:{key[1]} timed out", request=request) from None
         except ConnectionRefusedError:

@@ -89,13 +89,14 @@ class FingerprintBook:
         return checks.prepared_match(run, self._ready(fp.logprobs))
 
     def _pair(self, a: Fingerprint, b: Fingerprint) -> FingerprintMatch:
-        """match(a.logprobs, b.logprobs), once per pair (the comparison is symmetric)."""
-        ready_a, ready_b = self._ready(a.logprobs), self._ready(b.logprobs)    # both lists now kept alive
+        """match(a.logprobs, b.logprobs), once per pair (the comparison is symmetric). A pair is stored only
+        after both lists are kept in _prepared, for good, so a stored pair's ids still name its lists: looked
+        up first (at 128 slots, 100,000 asks a soak, 2026-12-05)."""
         x, y = id(a.logprobs), id(b.logprobs)
         key = (x, y) if x <= y else (y, x)
         known = self._pairs.get(key)
         if known is None:
-            known = self._pairs[key] = checks.prepared_match(ready_a, ready_b)
+            known = self._pairs[key] = checks.prepared_match(self._ready(a.logprobs), self._ready(b.logprobs))
         return known
 
     def distinct(self, a: Fingerprint, b: Fingerprint) -> bool:

@@ -140,17 +140,27 @@ def prompt_text(spec: RequestSpec) -> str:
 
 
 def shared_chars(a: str, b: str) -> int:
-    """How many leading characters two prompts share."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n                        # binary search on the longest equal prefix
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
+    """How many leading characters two prompts share. Compared in place (startswith at an offset), never
+    by slicing both from the start: galloping from the front, so prompts that part early cost two short
+    compares, then halving the stretch where they part."""
+    if len(a) > len(b):
+        a, b = b, a
+    if b.startswith(a):
+        return len(a)
+    lo, hi = 0, len(a)                   # a[:lo] is shared, a[:hi] is not
+    step = 64
+    while lo + step < hi:
+        if not b.startswith(a[lo:lo + step], lo):
+            hi = lo + step
+            break
+        lo += step
+        step *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if b.startswith(a[lo:mid], lo):
             lo = mid
         else:
-            hi = mid - 1
+            hi = mid
     return lo
 
 

@@ -67,3 +67,36 @@ def test_two_widths_measured_side_by_side(refserver, tmp_path):
     assert table.count("## rate.py by width (issue 34)") == 1 and "--streams 4,6" in table
     assert [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "streams" not in line] \
         == ["4", "6"]
+
+
+def test_profile_soak_profiles_the_steady_window_and_says_where_the_time_went(refserver, tmp_path):
+    """benchmarks/gpu/profile_soak.py: a soak's CPU by function, from its first request to run_end."""
+    text = (ROOT / "scenarios" / "gpu-quick.toml").read_text().replace(
+        'phases = ["cold_hit", "conversation", "shared_concurrency", "rotation", "long_prompt", "determinism", "control"]',
+        'phases = ["rotation"]').replace("fault_rate = 0.01 ", "fault_rate = 0.0 ")
+    scenario = tmp_path / "wide.toml"
+    scenario.write_text(text)
+    out = tmp_path / "prof"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "profile_soak.py"), "--out", str(out), "--",
+                           "run", "--attach", refserver, "--scenario", str(scenario), "--streams", "4", "--headless",
+                           "--record", str(tmp_path / "soak.jsonl")], capture_output=True, text=True, timeout=300)
+    assert done.returncode in (0, 4), done.stderr[-2000:]
+    summary = (out / "summary.txt").read_text()
+    assert done.stdout.endswith(summary)                                # after hitproof's own console lines
+    requests = int(summary.split("requests ", 1)[1].split(",", 1)[0])
+    started = sum(1 for line in (tmp_path / "soak.jsonl").open() if line.startswith('{"type":"request_start"'))
+    assert requests == started > 0
+    assert "tui/core/soak" in summary and "tui/core/server" in summary
+    assert "requester.py" in summary and "client.py" in summary     # the requests' own code was profiled
+    assert (out / "soak.prof").stat().st_size > 0
+
+
+def test_profile_soak_without_a_command_or_without_requests(tmp_path):
+    script = str(ROOT / "benchmarks" / "gpu" / "profile_soak.py")
+    missing = subprocess.run([sys.executable, script, "--out", str(tmp_path)], capture_output=True, text=True)
+    assert missing.returncode == 2 and "after --" in missing.stderr
+    nothing = subprocess.run([sys.executable, script, "--out", str(tmp_path), "--", "run", "--attach",
+                              "http://127.0.0.1:9", "--scenario", "quick", "--headless",
+                              "--record", str(tmp_path / "none.jsonl")],
+                             capture_output=True, text=True, timeout=120)
+    assert nothing.returncode == 3 and "no request ran" in nothing.stderr

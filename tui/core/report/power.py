@@ -185,7 +185,8 @@ class EvidenceTally:
             handler(self, event)
 
     def _on_start(self, e) -> None:
-        self._started[e.request] = (e.phase, e.task, bool(self._codes - {e.code}), e.arm == "main")
+        others = len(self._codes) - (e.code in self._codes)    # codes other than its own (no copy of the set)
+        self._started[e.request] = (e.phase, e.task, others > 0, e.arm == "main")
         if e.code:
             self._codes.add(e.code)
 

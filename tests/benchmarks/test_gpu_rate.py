@@ -39,12 +39,18 @@ def test_bad_widths_are_exit_2(text):
     assert caught.value.code == 2
 
 
-def test_two_widths_measured_side_by_side(refserver, tmp_path):
+def rotation_only(tmp_path: Path) -> Path:
+    """gpu-quick with its rotation alone and no power target: a short soak for these tests."""
     text = (ROOT / "scenarios" / "gpu-quick.toml").read_text().replace(
         'phases = ["cold_hit", "conversation", "shared_concurrency", "rotation", "long_prompt", "determinism", "control"]',
         'phases = ["rotation"]').replace("fault_rate = 0.01 ", "fault_rate = 0.0 ")
     scenario = tmp_path / "wide.toml"
     scenario.write_text(text)
+    return scenario
+
+
+def test_two_widths_measured_side_by_side(refserver, tmp_path):
+    scenario = rotation_only(tmp_path)
     results = tmp_path / "RESULTS.md"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "rate.py"), "--attach", refserver,
                            "--scenario", str(scenario), "--streams", "4,6", "--out", str(tmp_path / "out"),
@@ -71,11 +77,7 @@ def test_two_widths_measured_side_by_side(refserver, tmp_path):
 
 def test_profile_soak_profiles_the_steady_window_and_says_where_the_time_went(refserver, tmp_path):
     """benchmarks/gpu/profile_soak.py: a soak's CPU by function, from its first request to run_end."""
-    text = (ROOT / "scenarios" / "gpu-quick.toml").read_text().replace(
-        'phases = ["cold_hit", "conversation", "shared_concurrency", "rotation", "long_prompt", "determinism", "control"]',
-        'phases = ["rotation"]').replace("fault_rate = 0.01 ", "fault_rate = 0.0 ")
-    scenario = tmp_path / "wide.toml"
-    scenario.write_text(text)
+    scenario = rotation_only(tmp_path)
     out = tmp_path / "prof"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "profile_soak.py"), "--out", str(out), "--",
                            "run", "--attach", refserver, "--scenario", str(scenario), "--streams", "4", "--headless",

@@ -117,3 +117,26 @@ async def test_a_drawn_code_sits_at_its_drawn_share_of_the_counted_tokens():
         assert abs(share - drawn) < 0.03, (memo_id, share, drawn)
         assert 768 <= memo.code_token_start and memo.code_token_end <= 1152      # the window before the last line
         assert memo.text.index("7395-2841-6620") == memo.code_offset
+
+
+async def test_sizing_lands_within_its_tolerance_in_one_or_two_more_counts():
+    """A tokenizer whose sentences are 30-60 tokens (a small vocabulary, like qwen3next-recall's 2,048), more
+    than twice a 300- or 1,200-token memo's tolerance: dropping or adding whole sentences swung around the
+    target, 4-10 counts a memo (each a /tokenize round trip) and some never within it. Now each memo is
+    within max(8, 1%) after at most two counts beyond the first round trip (full, before the code, through it)."""
+    for target in (300, 1200):
+        for i in range(12):
+            counts = []
+
+            async def server(text):
+                counts.append(text)
+                return len(text) // 2          # about 2.3 tokens per tiktoken token, and not additive by sentence
+
+            counter = TokenCounter(server)
+            await counter.ratio(calibration_sample())
+            counts.clear()
+            memo = await build_memo(counter, memo_id=f"m{i:02d}", nonce="n", code="7395-2841-6620",
+                                    target_tokens=target, grid=16, code_position=0.5, seed=7)
+            assert abs(memo.tokens - target) <= max(8, target // 100), (target, i, memo.tokens)
+            assert memo.tokens == len(memo.text) // 2
+            assert len(counts) <= 3 + 2, (target, i, len(counts))

@@ -120,9 +120,19 @@ class FingerprintBook:
         """Does `owner`'s cold answer part from `own`'s before the run leaves its own (parts_before), by
         more than `bound` on values? Else a run agreeing with it is its own state taking a tie, not the other's.
         Memos whose fingerprints are alike (not `distinct`) are never told apart."""
-        theirs = next((fp for fp in self.live(own.task) if fp.memo == owner), None)
+        theirs = self._of_memo(owner, own.task)
         return theirs is None or parts_before(self._pair(theirs, own), run_vs_own,
                                                      max(bound, self.tolerance + self.margin))
+
+    def _of_memo(self, memo: str, task: str) -> Fingerprint | None:
+        """A memo's cold fingerprint on a question, retired or not (a retired memo's blocks are still in the
+        server's cache: another request can be restored from them)."""
+        return next((fp for fp in self._by_prompt.values() if fp.memo == memo and fp.task == task), None)
+
+    def alike(self, memo: str, other: str, task: str) -> bool:
+        """Are two memos' cold fingerprints on a question not distinct (either retired or not)?"""
+        a, b = self._of_memo(memo, task), self._of_memo(other, task)
+        return a is not None and b is not None and not self.distinct(a, b)
 
     def indistinct_from(self, memo: str, task: str) -> list[str]:
         own = [fp for fp in self.live(task) if fp.memo == memo]
@@ -148,7 +158,12 @@ class FingerprintBook:
         mine = self._match_stored(ready, own)
         if mine.matches(self.tolerance):
             return mine, {}, "match", None
-        others = {fp.memo: self._match_stored(ready, fp) for fp in self.live(own.task) if fp.memo != own.memo}
+        # retired memos too: re-drawn for looking like another, their blocks still sit in the server's cache, and
+        # a hit restored from them is another request's state (reference server, foreign_state beside a pair of
+        # look-alikes: a hit answered with a re-drawn memo's state, named by no live memo, was excused as a
+        # deviation no re-hit repeated)
+        others = {fp.memo: self._match_stored(ready, fp) for fp in self._by_prompt.values()
+                  if fp.task == own.task and fp.memo != own.memo}
         verdict, owner = checks.classify_fingerprint(mine, others, self.tolerance, self.tokens)
         return mine, others, verdict, owner
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..config.errors import BadInput
-from .text import MemoText, SentenceSource, code_sentence
+from .text import MemoText, SentenceSource, code_sentence, section_heading
 from .tokens import TokenCounter, estimate_tokens
 
 
@@ -51,13 +51,12 @@ async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: s
     memo = MemoText(memo_id=memo_id, nonce=nonce, code=code)
     ratio = await counter.ratio(calibration_sample())
 
-    def add_tokens(tokens: float) -> None:
-        while tokens > 0:
-            sentence = source.next()
-            memo.sentences.append(sentence)
-            tokens -= (estimate_tokens(sentence) + 1) * ratio
-
-    add_tokens(target_tokens - estimate_tokens(memo.render()) * ratio)
+    # the first fill leaves room for the code sentence, so that it lands near the target with it
+    room = target_tokens - estimate_tokens(memo.render()) * ratio
+    if code is not None:
+        room -= estimate_tokens(" " + code_sentence(code)) * ratio
+    while room > 0:
+        room -= _append(memo, source.next(), ratio)
     if code is not None:
         memo.code_index = max(1, min(len(memo.sentences) - 1, round(len(memo.sentences) * code_position)))
         memo.sentences.insert(memo.code_index, code_sentence(code))
@@ -73,16 +72,14 @@ async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: s
     if drawn and code is not None:      # moved first: sizing then adds or drops only after it
         measured, counted[1], counted[2] = await _move_code(counter, memo, code_position * target_tokens, measured,
                                                             counted[1], counted[2])
-    for _ in range(6):
-        if measured < target_tokens - tolerance:
-            add_tokens(target_tokens - measured)
-        elif measured > target_tokens + tolerance:
-            excess = measured - target_tokens
-            while excess > 0 and len(memo.sentences) > (memo.code_index or 0) + 2:
-                removed = memo.sentences.pop()
-                excess -= (estimate_tokens(removed) + 1) * ratio
-        else:
+    for _ in range(SIZING_RECOUNTS):
+        if abs(measured - target_tokens) <= tolerance:
             break
+        # this memo's own server tokens per estimated token: closer than the calibration sample's, so one
+        # change usually lands it (the old add-or-drop loop swung by a sentence around the target, 4-10
+        # counts a memo on Gemma's and qwen3next-recall's tokenizers, some never within the tolerance)
+        own_ratio = measured / max(1, estimate_tokens(memo.render()))
+        _resize(memo, source, target_tokens - measured, tolerance / 2, own_ratio)
         measured = await counter.count(memo.render())
     start = end = offset = None
     if code is not None:
@@ -98,6 +95,44 @@ async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: s
                 f"last ({last_boundary}); raise memo_tokens to at least {3 * grid}")
     return Memo(memo_id=memo_id, code=code, text=text, tokens=measured, sizing=counter.source,
                 code_offset=offset, code_token_start=start, code_token_end=end, grid=grid)
+
+
+SIZING_RECOUNTS = 6          # counts after the first before a memo keeps the size it has
+FITTING_CANDIDATES = 12      # filler sentences drawn to choose the one that fits what is missing
+
+
+def _sentence_tokens(memo: MemoText, index: int, sentence: str, ratio: float) -> float:
+    """Estimated server tokens of a sentence at `index`, with what joins it (a space, or the heading of
+    the section it opens)."""
+    per_section = memo.sentences_per_section
+    joint = section_heading(index // per_section + 1) if index % per_section == 0 else " "
+    return estimate_tokens(joint + sentence) * ratio
+
+
+def _append(memo: MemoText, sentence: str, ratio: float) -> float:
+    memo.sentences.append(sentence)
+    return _sentence_tokens(memo, len(memo.sentences) - 1, sentence, ratio)
+
+
+def _resize(memo: MemoText, source: SentenceSource, change: float, within: float, ratio: float) -> None:
+    """Sentences after the code dropped from the end, or filler added, so that the memo's estimated size
+    moves by `change` tokens give or take `within`. Each added sentence is the one of the next few
+    drawn whose size best fits what is still missing (the filler's order carries nothing)."""
+    keep = (memo.code_index or 0) + 2
+    while change < -within and len(memo.sentences) > keep:
+        index = len(memo.sentences) - 1
+        change += _sentence_tokens(memo, index, memo.sentences.pop(), ratio)
+    while change > within:
+        index = len(memo.sentences)
+        sized = [(_sentence_tokens(memo, index, sentence, ratio), sentence)
+                 for sentence in (source.next() for _ in range(FITTING_CANDIDATES))]
+        size, best = min(sized, key=lambda pair: abs(change - pair[0]))
+        if size > change + within:
+            # every whole sentence overshoots (a sentence is 25-60 tokens on a small vocabulary, more than
+            # twice the tolerance): the best one cut short at a word
+            best = min((" ".join(best.split()[:words]).rstrip(".,;") + "." for words in range(2, len(best.split()))),
+                       key=lambda cut: abs(change - _sentence_tokens(memo, index, cut, ratio)))
+        change -= _append(memo, best, ratio)
 
 
 async def _move_code(counter: TokenCounter, memo: MemoText, want: float, measured: int, start: int,

@@ -177,7 +177,12 @@ class OpenAIClient:
         for body in attempts:
             response = await self._request("POST", "/tokenize", json=body, timeout=60.0)
             if response.status_code == 200:
-                data = response.json()
+                try:        # orjson: httpx's .json() finds the charset through email.message, per memo count
+                    data = orjson.loads(response.content)
+                except orjson.JSONDecodeError:
+                    continue
+                if not isinstance(data, dict):
+                    continue
                 if isinstance(data.get("count"), int):
                     return data["count"]
                 if isinstance(data.get("tokens"), list):

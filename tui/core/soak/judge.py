@@ -274,7 +274,7 @@ class Judge:
             return
         run = record.completion.logprobs
         mine, others, verdict, owner = self.fingerprints.compare(run, own)
-        if verdict == "foreign_state" and owner in self.fingerprints.indistinct_from(own.memo, own.task):
+        if verdict == "foreign_state" and self.fingerprints.alike(own.memo, owner, own.task):
             return            # the two memos look alike: no telling them apart (noted when seen)
         if verdict == "foreign_state" and not self.fingerprints.told_apart(own, owner, mine, self.twins.bound):
             verdict, owner = "mismatch", None     # its own state taking a tie: judged as a deviation, below

@@ -35,3 +35,20 @@ def test_agrees_with_a_character_by_character_count_on_random_prompts():
         a = base + "".join(rng.choice("abc") for _ in range(rng.randint(0, 40)))
         b = base[:rng.randint(0, len(base))] + "".join(rng.choice("abc") for _ in range(rng.randint(0, 40)))
         assert shared_chars(a, b) == counted(a, b) == shared_chars(b, a)
+
+
+def test_prompt_key_is_kept_per_spec_and_tells_prompts_and_identities_apart():
+    import dataclasses
+
+    from tui.core.server.client import RequestSpec
+    from tui.core.soak.record import prompt_key
+
+    spec = RequestSpec(api="completions", max_tokens=12, prompt="memo " * 100, model="m")
+    key = prompt_key(spec)
+    assert prompt_key(spec) == key
+    assert prompt_key(dataclasses.replace(spec, salt="s")) == key                 # a salted re-send: the same prompt
+    assert prompt_key(dataclasses.replace(spec, prompt=spec.prompt + "Q")) != key
+    assert prompt_key(dataclasses.replace(spec, model="other")) != key
+    assert prompt_key(dataclasses.replace(spec, extra={"lora": [1]})) != key
+    chat = RequestSpec(api="chat", max_tokens=12, messages=[{"role": "user", "content": "hi"}])
+    assert prompt_key(chat) != prompt_key(dataclasses.replace(chat, messages=[{"role": "user", "content": "ho"}]))

@@ -4,6 +4,7 @@ answer's text coalesced for the event stream, and small helpers the soak's parts
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -164,15 +165,27 @@ def shared_chars(a: str, b: str) -> int:
     return lo
 
 
+KEEP_KEYS = 2048          # prompt keys kept, by request spec (a lineage walks back through recent records)
+_keys: collections.OrderedDict[int, tuple[RequestSpec, str]] = collections.OrderedDict()
+
+
 def prompt_key(spec: RequestSpec) -> str:
     """The prompt and who computes it (model, adapter fields), not the salt: a salted re-send is the
-    same prompt cold."""
+    same prompt cold. Kept per spec (the entry holds the spec, so its id names it while kept): the judge and
+    the twins' lineages ask 14 times a request, each a SHA-1 of the whole prompt (H100, 2026-12-05)."""
+    kept = _keys.get(id(spec))
+    if kept is not None and kept[0] is spec:
+        return kept[1]
     body = prompt_text(spec)
     if spec.extra:
         body += "\x00" + orjson.dumps(spec.extra, option=orjson.OPT_SORT_KEYS).decode()
     if spec.model:
         body += "\x00model:" + spec.model
-    return hashlib.sha1(body.encode()).hexdigest()
+    key = hashlib.sha1(body.encode()).hexdigest()
+    _keys[id(spec)] = (spec, key)
+    if len(_keys) > KEEP_KEYS:
+        _keys.popitem(last=False)
+    return key
 
 
 class Sender(Protocol):

@@ -23,13 +23,13 @@ from .context import SoakContext
 from .judge import Judge
 from ..server.replicas import ROUTER_SEND_FAILED, Served, Signature, named_by_response
 from .proof import UNKNOWN, CacheProof, CounterWindows
-from .record import DeltaCoalescer, Overlap, Record, concurrently, prompt_text, shared_chars
+from .record import DeltaCoalescer, Overlap, Record, concurrently
+from .writers import Writers
 from .replica_proof import ReplicaWindows
 from .state import PhaseState
 from .tolerance import ColdTolerance
 
 KEEP_RECENT = 512             # records kept for isolation beyond the flagged ones (bounded memory)
-KEEP_WRITERS = 4096           # writer_of answers kept (a lineage asks again for every writer on its chain)
 
 
 class Requester:
@@ -53,7 +53,7 @@ class Requester:
         # Recent records, for isolation re-runs; flagged ones are kept for the whole run.
         self._recent: collections.OrderedDict[int, Record] = collections.OrderedDict()
         self._flagged: dict[int, Record] = {}
-        self._writers: collections.OrderedDict[int, tuple[RequestSpec, Record | None]] = collections.OrderedDict()
+        self.writers = Writers()                  # the recent and flagged records, for writer_of
         self.judge = Judge(self)
         self.fingerprints = self.judge.fingerprints          # the run's cold fingerprints
         self.long_memo: Memo | None = None
@@ -116,28 +116,8 @@ class Requester:
         return self._flagged.get(request) or self._recent.get(request)
 
     def writer_of(self, record: Record) -> Record | None:
-        """The earlier request most likely to have written the prefix a hit resumed from: under the same
-        salt (none, for the main arm) and identity, the one whose prompt shares the longest beginning
-        with the hit's (the latest of equals). Found once per request, among the records known then: a
-        lineage walks back through every earlier hit of a prompt, and scanning them all at each step made
-        the judge 46% of hitproof's CPU at 32 streams on an H100 (cProfile, 2026-12-05: 12,911 scans of
-        500 records for 599 lineages)."""
-        known = self._writers.get(record.request)
-        if known is not None and known[0] is record.spec:
-            return known[1]
-        text, best, best_len = prompt_text(record.spec), None, 0
-        for other in (*self._flagged.values(), *self._recent.values()):
-            spec = other.spec
-            if other.request >= record.request or (spec.salt, spec.model, spec.extra, spec.api) != \
-                    (record.spec.salt, record.spec.model, record.spec.extra, record.spec.api):
-                continue
-            shared = shared_chars(prompt_text(spec), text)
-            if shared > best_len or shared == best_len and best is not None and other.request > best.request:
-                best, best_len = other, shared
-        self._writers[record.request] = (record.spec, best)
-        if len(self._writers) > KEEP_WRITERS:
-            self._writers.popitem(last=False)
-        return best
+        """The earlier request most likely to have written the prefix a hit resumed from (writers.py)."""
+        return self.writers.writer_of(record)
 
     async def prefix_text(self, spec: RequestSpec, tokens: int) -> str | None:
         """The beginning of a completions prompt that is exactly `tokens` tokens, by the server's tokenizer."""
@@ -147,8 +127,11 @@ class Requester:
 
     def _remember(self, record: Record) -> None:
         self._recent[record.request] = record
+        self.writers.add(record)
         while len(self._recent) > KEEP_RECENT:
-            self._recent.popitem(last=False)
+            request, _ = self._recent.popitem(last=False)
+            if request not in self._flagged:
+                self.writers.drop(request)
 
     def round(self, state: PhaseState, round_: int, rounds: int, assignment: dict[str, str]) -> float:
         """Announce a round; the run time it started at (seconds, as every event's t)."""
@@ -363,6 +346,7 @@ class Requester:
             record.findings.append((kind, severity))
             if severity in ("fail", "warn"):
                 self._flagged[record.request] = record
+                self.writers.add(record)
         self.emit(Finding(kind=kind, severity=severity, phase=state.name,
             slot=record.slot if record else None, round=record.round if record else None,
             request=record.request if record else None, offset=offset, detail=detail,

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,11 +176,15 @@ class Calibration:
     tried: int = 0               # calibration prompts sent
     width: int = 0               # prompts sent at once beside the solo ones (WIDE_FROM); 0: none
 
+    # Derived values are kept once made (cached_property writes the instance's __dict__, which a frozen
+    # dataclass allows): a judged hit asks for them several times, and at 32 streams on an H100 remaking
+    # them from every calibration pair was 10% of hitproof's CPU (cProfile, 2026-12-05: 4,797 `measured`).
+
     @property
     def ceiling(self) -> float:
         return RESUME_FACTOR * self.tolerance
 
-    @property
+    @cached_property
     def prompts(self) -> dict[int, list[Pair]]:
         """The resumes of each calibration prompt, by its cold request."""
         out: dict[int, list[Pair]] = {}
@@ -187,25 +192,25 @@ class Calibration:
             out.setdefault(p.cold, []).append(p)
         return out
 
-    @property
+    @cached_property
     def measured(self) -> float | None:
         """The largest calibrated cost over the prompts, each prompt's the closest of its resumes (a correct
         restore is one state; a resume farther than another of the same prompt took another state)."""
         costs = [min(p.cost for p in resumes) for resumes in self.prompts.values()]
         return max(costs) if costs else None
 
-    @property
+    @cached_property
     def apart(self) -> float:
         """The largest spread between the costs of one prompt's resumes (0: every restore gave one state)."""
         spreads = [max(p.cost for p in r) - min(p.cost for p in r) for r in self.prompts.values()]
         return max(spreads, default=0.0)
 
-    @property
+    @cached_property
     def allowed(self) -> bool:
         """May anything be put down to resuming here?"""
         return self.grid and not self.void and self.measured is not None and math.isfinite(self.measured)
 
-    @property
+    @cached_property
     def bound(self) -> float:
         """What may be put down to resuming (nats, second-largest position); 0 where nothing may."""
         if not self.allowed:

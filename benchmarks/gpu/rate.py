@@ -43,6 +43,7 @@ import math
 import os
 import platform
 import random
+import statistics
 import resource
 import subprocess
 import sys
@@ -202,7 +203,8 @@ COLUMNS = ("streams", "requests H / R", "requests/s H / R", "ratio", "hits/min H
 
 def table_row(r: dict) -> str:
     h, w, t = r["hitproof"], r["raw"], r["ttft"]
-    cells = [str(r.get("streams") or "scenario"), f"{h['requests']} / {w['requests']}",
+    width = str(r.get("streams") or "scenario") + (f" #{r['pair']}" if r.get("pair") else "")
+    cells = [width, f"{h['requests']} / {w['requests']}",
              f"{fmt(h['requests_per_s'])} / {fmt(w['requests_per_s'])}", fmt(r["rate_ratio"], 3),
              f"{fmt(h['hits_per_min'], 0)} / {fmt(w['hits_per_min'], 0)}", fmt(r["hits_per_min_ratio"], 3),
              f"{fmt(per(h['steady_cpu_s'], 1e-3 * (h['steady_requests'] or 0)), 2)} / "
@@ -226,11 +228,30 @@ def append_results(path: Path, results: list[dict], url: str, scenario: str, pow
     section = (f"\n## rate.py by width (issue 34), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
                f"`benchmarks/gpu/rate.py --attach {url} --scenario {scenario}"
                f"{' --power ' + power if power else ''} --streams "
-               f"{','.join(str(r.get('streams')) for r in results)}` on {machine()}. H is hitproof, R the raw "
+               f"{','.join(str(w) for w in dict.fromkeys(r.get('streams') for r in results))}"
+               f"{' --pairs %d' % max(r.get('pair') or 1 for r in results) if any(r.get('pair') for r in results) else ''}"
+               f"` on {machine()}. H is hitproof, R the raw "
                f"client replaying H's requests at H's concurrency, in the same run; CPU from the first request "
-               f"to the last (start-up excluded).\n\n{table(results)}\n")
+               f"to the last (start-up excluded).\n\n{table(results)}\n"
+               + "".join(f"\n{line}\n" for line in medians(results)))
     with path.open("a") as f:
         f.write(section)
+
+
+def medians(results: list[dict]) -> list[str]:
+    """One line per width measured in several pairs: the median request-rate and CPU ratios over its pairs (a GPU
+    server's own rate moved from 54 to 40 requests a second between two pairs on one H100: one pair says little)."""
+    lines = []
+    for width in dict.fromkeys(r.get("streams") for r in results):
+        pairs = [r for r in results if r.get("streams") == width]
+        if len(pairs) < 2:
+            continue
+        rates = [r["rate_ratio"] for r in pairs if r["rate_ratio"] is not None]
+        cpus = [r["steady_cpu_ratio"] for r in pairs if r["steady_cpu_ratio"] is not None]
+        lines.append(f"{width or 'the scenario'} streams, median of {len(pairs)} pairs: request-rate ratio "
+                     f"{fmt(statistics.median(rates) if rates else None, 3)} (each {', '.join(fmt(x, 3) for x in rates)}), steady CPU ratio "
+                     f"{fmt(statistics.median(cpus) if cpus else None, 2)} (each {', '.join(fmt(x, 2) for x in cpus)})")
+    return lines
 
 
 def parse_streams(text: str | None) -> list[int | None]:
@@ -255,17 +276,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", metavar="FILE", help="append the table, dated, with the machine, to FILE")
     parser.add_argument("--out", metavar="DIR", help="where logs and result.json go (default logs/rate-STAMP/)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds each of H and R may take (default %(default)g)")
+    parser.add_argument("--pairs", type=int, default=1, metavar="N",
+                        help="H then R, N times at each width (a row each, then their medians; default %(default)s)")
     args = parser.parse_args(argv)
     url = args.attach.rstrip("/").removesuffix("/v1")
     out = Path(args.out) if args.out else ROOT / "logs" / f"rate-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         widths = parse_streams(args.streams)
-        results = [measure(url, args.scenario, out / f"streams-{n}" if n else out, args.timeout, n, args.power)
-                   for n in widths]
+        if not 1 <= args.pairs <= 20:
+            raise evidence_rate.Problem(f"--pairs: between 1 and 20 (got {args.pairs})", 2)
+        results = []
+        for n in widths:
+            where = out / f"streams-{n}" if n else out
+            for k in range(1, args.pairs + 1):
+                result = measure(url, args.scenario, where / f"pair-{k}" if args.pairs > 1 else where, args.timeout,
+                                 n, args.power)
+                if args.pairs > 1:
+                    result["pair"] = k
+                results.append(result)
     except evidence_rate.Problem as exc:
         print(f"rate: error: {exc}", file=sys.stderr)
         return exc.code
-    for line in table(results).splitlines():
+    for line in table(results).splitlines() + medians(results):
         say(line)
     if args.results:
         append_results(Path(args.results), results, url, args.scenario, args.power)

@@ -620,6 +620,7 @@ def wide(dtype: str) -> None:
             proc = subprocess.run([sys.executable, str(HERE / "rate.py"), "--attach", url, "--out", str(out),
                                    "--scenario", str(ROOT / "scenarios" / "gpu-quick.toml"), "--power", "0.3%",
                                    "--streams", width, "--results", str(RESULTS / "rate-wide.md"),
+                                   "--pairs", os.environ.get("HPGPU_PAIRS", "1"),
                                    "--timeout", str(max(60, (left_s() - 30) / 2))], cwd=ROOT, env=hitproof_env(),
                                   stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT)
         lines = console_path.read_text(errors="replace").strip().splitlines()

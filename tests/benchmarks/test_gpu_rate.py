@@ -102,3 +102,27 @@ def test_profile_soak_without_a_command_or_without_requests(tmp_path):
                               "--record", str(tmp_path / "none.jsonl")],
                              capture_output=True, text=True, timeout=120)
     assert nothing.returncode == 3 and "no request ran" in nothing.stderr
+
+
+def test_pairs_alternate_hitproof_and_the_raw_client_and_give_their_medians(refserver, tmp_path):
+    """A GPU server's own rate moved from 54 to 40 requests a second between two pairs on one H100 (run J):
+    --pairs N measures H then R N times at a width, a row each, and the median ratios over them."""
+    scenario = rotation_only(tmp_path)
+    results = tmp_path / "RESULTS.md"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "rate.py"), "--attach", refserver,
+                           "--scenario", str(scenario), "--streams", "4", "--pairs", "2", "--out", str(tmp_path / "out"),
+                           "--results", str(results)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    pairs = json.loads(done.stdout.strip().splitlines()[-1])["widths"]
+    assert [(p["streams"], p["pair"]) for p in pairs] == [(4, 1), (4, 2)]
+    for p in pairs:
+        assert (tmp_path / "out" / "streams-4" / f"pair-{p['pair']}" / "result.json").is_file()
+    rates = sorted(p["rate_ratio"] for p in pairs)
+    line = next(x for x in done.stdout.splitlines() if "median of 2 pairs" in x)
+    assert f"request-rate ratio {rate.fmt(sum(rates) / 2, 3)}" in line
+    table = results.read_text()
+    assert "--streams 4 --pairs 2" in table and "median of 2 pairs" in table
+    assert [row.split("|")[1].strip() for row in table.splitlines() if row.startswith("| 4")] == ["4 #1", "4 #2"]
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "rate.py"), "--attach", refserver,
+                          "--pairs", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == "rate: error: --pairs: between 1 and 20 (got 0)"

@@ -36,3 +36,12 @@ def test_a_retired_memo_alike_to_the_hits_own_is_not_told_apart():
     book = book_with(retired_like_own=True)
     assert book.alike("memo-a", "memo-b", "summary")         # the judge leaves such a hit alone
     assert not book.alike("memo-a", "memo-c", "summary")
+
+
+def test_memos_with_several_prompts_are_alike_when_any_pair_is():
+    book = FingerprintBook(12, 0.05, 0.05)
+    book.add("a1", Fingerprint("memo-a", "summary", 1, answer(100)))
+    book.add("a2", Fingerprint("memo-a", "summary", 2, answer(300)))      # the memo's second prompt
+    book.add("b", Fingerprint("memo-b", "summary", 3, answer(300, 0.01)))
+    assert book.alike("memo-a", "memo-b", "summary") and book.alike("memo-b", "memo-a", "summary")
+    assert not book.alike("memo-a", "memo-c", "summary")                  # a memo with no fingerprint

@@ -130,9 +130,11 @@ class FingerprintBook:
         return next((fp for fp in self._by_prompt.values() if fp.memo == memo and fp.task == task), None)
 
     def alike(self, memo: str, other: str, task: str) -> bool:
-        """Are two memos' cold fingerprints on a question not distinct (either retired or not)?"""
-        a, b = self._of_memo(memo, task), self._of_memo(other, task)
-        return a is not None and b is not None and not self.distinct(a, b)
+        """Is any cold fingerprint of one memo on a question not distinct from any of the other's (retired or
+        not; a memo asked with several prompts, a conversation's turns, has one per prompt)?"""
+        mine = [fp for fp in self._by_prompt.values() if fp.memo == memo and fp.task == task]
+        theirs = [fp for fp in self._by_prompt.values() if fp.memo == other and fp.task == task]
+        return any(not self.distinct(a, b) for a in mine for b in theirs)
 
     def indistinct_from(self, memo: str, task: str) -> list[str]:
         own = [fp for fp in self.live(task) if fp.memo == memo]

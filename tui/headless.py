@@ -18,7 +18,7 @@ from .core.log.events import (Event, Finding, IsolationFinished, IsolationStarte
 from .core.report import fmt
 from .core.report import facts, phase_facts
 from .core.report.latency import table_lines
-from .core.report.power import power_line
+from .core.report.power import EvidenceTally, power_line
 from .core.report.replicas import replica_lines
 from .core.report.progress import ProgressFold, RunProgress, done_text, left_text, power_text, progress_line
 from .core.report.report import RunReport
@@ -38,7 +38,9 @@ class HeadlessConsole:
     PLAIN_EVERY = 30.0           # seconds of run time between progress lines in plain output
     REFRESH = 0.25               # seconds of run time between estimates on a terminal
 
-    def __init__(self, console: Console | None = None, show_info: bool = False):
+    def __init__(self, console: Console | None = None, show_info: bool = False, tally: EvidenceTally | None = None):
+        """`tally`: the run's EvidenceTally when a listener before this one already feeds it (RunReport's),
+        as the app's model shares it; otherwise the fold keeps its own (one tally fewer per event)."""
         self.console = console or Console(stderr=False, highlight=False)
         self.show_info = show_info
         self.live = self.console.is_terminal
@@ -46,7 +48,7 @@ class HeadlessConsole:
                                  TextColumn("{task.fields[count]:>9}"), TextColumn("{task.fields[hits]}"),
                                  TextColumn("{task.fields[clock]:>6}"), TextColumn("{task.fields[left]}"),
                                  console=self.console, transient=False)
-        self.fold = ProgressFold()
+        self.fold = ProgressFold(tally)
         self._tasks: dict[str, int] = {}
         self._run_task: int | None = None
         self._hits: dict[str, int] = {}

@@ -46,6 +46,11 @@ def test_own_code_is_not_foreign():
     assert find_foreign_codes("7395-2841-6620", REGISTRY, CODE) == []
 
 
+def test_a_foreign_group_beside_the_own_code_is_still_found():
+    found = find_foreign_codes("7395-2841-6620, then 3590", REGISTRY, CODE)
+    assert [(f.code, f.offset, f.groups) for f in found] == [(OTHER, 21, 1)]
+
+
 def test_foreign_single_group_is_partial_attribution():
     found = find_foreign_codes("about 3590 pallets", REGISTRY, CODE)
     assert [(f.code, f.offset, f.groups, f.whole) for f in found] == [(OTHER, 6, 1, False)]
@@ -177,7 +182,7 @@ def test_compare_logprobs_near_tie_and_real_divergence():
 
 
 def test_parse_logprobs_both_shapes():
-    from tui.core.server.client import parse_logprobs
+    from tui.core.server.wire import parse_logprobs
     content = {"content": [{"token": " the", "logprob": -1.59, "top_logprobs": [{"token": " the", "logprob": -1.59},
                                                                               {"token": " a", "logprob": -2.29}]}]}
     assert parse_logprobs(content) == [[" the", -1.59, [[" the", -1.59], [" a", -2.29]]]]

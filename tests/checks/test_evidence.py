@@ -28,6 +28,15 @@ def test_registry_rejects_duplicates():
     assert reg.codes() == {"1234-5678-9123": "m01"}
 
 
+def test_registry_codes_are_made_once_and_remade_after_a_registration():
+    reg = Registry()
+    reg.register(CodeOwner("1234-5678-9123", "m01", "rotation"))
+    first = reg.codes()
+    assert reg.codes() is first                       # every answer reads it: not remade per answer
+    reg.register(CodeOwner("4321-8765-3219", "m02", "rotation"))
+    assert reg.codes() == {"1234-5678-9123": "m01", "4321-8765-3219": "m02"}
+
+
 async def test_memo_places_code_between_boundaries_and_once():
     counter = TokenCounter()           # the offline estimate stands in for a server tokenizer here
     memo = await build_memo(counter, memo_id="m01", nonce="abcdwxyz", code="7395-2841-6620",

@@ -89,3 +89,13 @@ def test_the_usual_shapes_are_read_here():
 def test_what_it_leaves_over_is_left_whole():
     for text in ("# TYPE i info\ni_info{v=\"1\"} 1\n", "name{__name__=\"o\"} 1\n", "ex_total 1 # {t=\"a\"} 1\n"):
         assert read_values(text) is None
+
+
+def test_info_labels_read_once_per_line_stay_each_scrapes_own():
+    """An info line's labels are kept per line (read once, not every scrape); each scrape still gets its own
+    dict: parse_metrics drops `engine` from it, and the next scrape has the label again to drop."""
+    text = vllm_like_text()
+    first, second = read_values(text), read_values(text)
+    assert first[1] == second[1] and first[1]["vllm:cache_config_info"] is not second[1]["vllm:cache_config_info"]
+    first[1]["vllm:cache_config_info"]["block_size"] = "edited"
+    assert read_values(text)[1] == second[1] == parse_metrics_slowly(text).info

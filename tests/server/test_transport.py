@@ -370,3 +370,55 @@ async def test_reads_each_within_the_timeout_finish_however_long_the_whole_answe
             await client.aclose()
     assert result.text == "abcde" and again.text == "x"
     assert server.connections == 1
+
+
+async def _blocks(replies, holds):
+    """The body of one streamed answer as (block, arrival) pairs, the i-th block asked for with holds[i](first
+    block's arrival) (None: one read's bytes)."""
+    out = []
+    async with RawServer(replies) as server:
+        client = OpenAIClient(server.url, timeout=2.0)
+        try:
+            async with client._open_stream(client._urls["/v1/completions"], b"{}", False) as response:
+                clock, body = response.extensions["hitproof.clock"], response.stream
+                for hold in holds:
+                    block = await body.next_block(None if hold is None or not out else hold(out[0][1]))
+                    out.append((block, clock.arrived))
+                    if block is None:
+                        break
+        finally:
+            await client.aclose()
+    return out
+
+
+async def test_gathered_reads_come_as_one_block_stamped_with_the_last_read():
+    """After the first block, reads gathered by the connection's read callback until the body ends: one block,
+    byte for byte what the reads brought, with the arrival of the last read (issue 34: no task wake per read)."""
+    events = sse_events(["a", "b", "c", "d"])
+    first = chunked(events[:1])[:-5]
+    later = [chunked([e])[:-5] for e in events[1:]]
+    replies = [[(0, CHUNKED_HEAD + first)] + [(0.03, piece) for piece in later] + [(0.03, b"0\r\n\r\n")]]
+    out = await _blocks(replies, [None, lambda _: 1 << 62, lambda _: 1 << 62])
+    assert [block for block, _ in out] == [events[0], b"".join(events[1:]), None]
+    assert out[1][1] - out[0][1] >= 0.1e9                    # the last read's arrival (4 reads 30 ms apart)
+
+
+async def test_a_read_arriving_after_the_hold_releases_the_block_it_ends():
+    """Reads 50 ms apart, held until 120 ms after the first: the block released holds the reads up to the first one
+    at or after that time; the rest comes in the next block."""
+    events = sse_events(["a", "b", "c", "d", "e"])
+    pieces = [chunked([e])[:-5] for e in events]
+    replies = [[(0, CHUNKED_HEAD + pieces[0])] + [(0.05, p) for p in pieces[1:]] + [(0.0, b"0\r\n\r\n")]]
+    out = await _blocks(replies, [None, lambda t: t + 120_000_000, lambda _: 1 << 62, lambda _: 1 << 62])
+    blocks = [block for block, _ in out]
+    assert blocks[0] == events[0] and blocks[-1] is None
+    assert blocks[1] == b"".join(events[1:4])                 # 50, 100 and 150 ms: the last one crossed 120 ms
+    assert blocks[2] == b"".join(events[4:])
+
+
+async def test_bad_framing_while_gathering_is_a_one_line_stream_error():
+    events = sse_events(["a", "b"])
+    replies = [[(0, CHUNKED_HEAD + chunked(events[:1])[:-5]), (0.03, b"zz\r\nnot a chunk\r\n"), (0.3, None)]]
+    with pytest.raises(StreamError, match="bad HTTP framing") as caught:
+        await stream_once(replies)
+    assert "\n" not in str(caught.value)

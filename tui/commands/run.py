@@ -171,8 +171,8 @@ def _run_headless(start, hooks, record: Path | None, console: Console, err: Cons
     from ..headless import HeadlessConsole, summary_renderable
 
     report = RunReport()
-    headless = HeadlessConsole(console, show_info=verbose)
-    hooks.listeners = [report.feed, headless]
+    headless = HeadlessConsole(console, show_info=verbose, tally=report.tally)
+    hooks.listeners = [report.feed, headless]                  # the report feeds the tally both read
     try:
         outcome = asyncio.run(start(hooks))
     except KeyboardInterrupt:

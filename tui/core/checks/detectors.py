@@ -55,16 +55,14 @@ def find_foreign_codes(answer: str, registry: Mapping[str, str], own_code: str |
     """Registered codes of other memos that appear in the answer, by character offset.
 
     Groups are unique across a run, so one group is attributable to exactly one code; two or
-    more groups (or the whole code) make the attribution unambiguous.
-    """
-    group_owner: dict[str, str] = {}
-    for code in registry:
-        if code == own_code:
-            continue
-        for group in code.split("-"):
-            group_owner[group] = code
+    more groups (or the whole code) make the attribution unambiguous. The registry is read only
+    when the answer holds a group not of its own code (most answers hold none)."""
+    own_groups = own_code.split("-") if own_code else ()
+    if not (groups := [m for m in _GROUP.finditer(answer) if m.group(0) not in own_groups]):
+        return []
+    group_owner = {group: code for code in registry if code != own_code for group in code.split("-")}
     found: dict[str, list[re.Match]] = {}
-    for match in _GROUP.finditer(answer):
+    for match in groups:
         code = group_owner.get(match.group(0))
         if code is not None:
             found.setdefault(code, []).append(match)

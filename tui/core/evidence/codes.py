@@ -53,14 +53,19 @@ class Registry:
 
     def __init__(self) -> None:
         self.owners: dict[str, CodeOwner] = {}
+        self._codes: dict[str, str] | None = None
 
     def register(self, owner: CodeOwner) -> None:
         if owner.code in self.owners:
             raise ValueError(f"code {owner.code} registered twice")
         self.owners[owner.code] = owner
+        self._codes = None
 
     def codes(self) -> dict[str, str]:
-        """code -> memo id, the shape the pure checks take."""
-        return {code: owner.memo for code, owner in self.owners.items()}
+        """code -> memo id, the shape the pure checks take. Made once per registered code, not once per
+        answer (every answer is checked against it); the checks only read it."""
+        if self._codes is None:
+            self._codes = {code: owner.memo for code, owner in self.owners.items()}
+        return self._codes
 
 

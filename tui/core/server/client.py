@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -18,9 +17,9 @@ import httpx
 import orjson
 
 from ..config.errors import ServerProblem
-from .sse import Event, SSEDecoder
+from .answer import AnswerReader, StreamError
 from .wire import (MAX_RETRIES, RETRY_CAP, RETRY_STATUSES, Completion, RequestSpec,  # noqa: F401
-                   _cached_tokens, _describe, _error_text, _json_bytes, parse_logprobs, retry_delay)
+                   _describe, _error_text, _json_bytes, retry_delay)
 from .transport import (CLOCK, FRESH_STREAM_EXTENSIONS, JSON_HEADERS, NO_SELECTOR, SSE, STREAM_EXTENSIONS,
                         DirectStream, StreamingTransport, direct_http_origin)
 
@@ -37,10 +36,6 @@ API_KEY_ENV = "HITPROOF_API_KEY"
 REQUEST_ID_HEADER = "X-Request-Id"     # RequestSpec.request_id goes out under this name
 
 
-class StreamError(ServerProblem):
-    """A broken stream: malformed chunk, error event, or a connection cut mid-answer."""
-
-
 class _HTTPStatus(ServerProblem):
     """An HTTP error status; 429 and 503 are retried (see OpenAIClient.stream)."""
 
@@ -48,13 +43,6 @@ class _HTTPStatus(ServerProblem):
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
-
-
-def _other_event(event: Event) -> None:
-    """An event whose type is not "message": an `error` event is the server's error; any other type
-    is not for an OpenAI client (the standard: only listeners of that type see it) and is skipped."""
-    if event.event == "error":
-        raise StreamError(f"server error in stream: {_error_text(event.data)}")
 
 
 class _Unanswered(Exception):
@@ -258,15 +246,11 @@ class OpenAIClient:
                       fresh: bool = False) -> Completion:
         path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
         result = Completion()
-        chat = spec.api == "chat"
         content = _json_bytes(self.body(spec))
         started = time.perf_counter_ns()
-        decoder = SSEDecoder()
-        feed = decoder.feed
-        parts: list[str] = []
+        reader = AnswerReader(result, spec.api == "chat", on_text)
+        feed = reader.feed
         answered = False
-        absorb = self._absorb
-        done = False                                  # data: [DONE] came
         try:
             async with self._open_stream(self._urls[path], content, fresh, spec.request_id) as response:
                 answered = True
@@ -280,33 +264,23 @@ class OpenAIClient:
                     detail = (await response.aread()).decode("utf-8", "replace")
                     raise _HTTPStatus(response.status_code, response.headers.get("retry-after"),
                                       f"HTTP {response.status_code} from {path}: {_error_text(detail)}")
-                # our transport's body raises httpx's own errors: read it directly, without httpx's
-                # per-read wrapping (aiter_raw); another transport's body goes through httpx as usual
-                async for raw in (response.stream if clock is not None else response.aiter_raw()):
-                    arrived = clock.arrived if clock is not None else time.perf_counter_ns()
-                    if result.first_byte_s is None:
-                        result.first_byte_s = (arrived - started) / 1e9
-                    events = feed(raw)
-                    if not events:
-                        continue
-                    texts = []
-                    for event in events:
-                        if event.event != "message":
-                            _other_event(event)
-                            continue
-                        if event.data.startswith("[DONE]"):     # as openai-python reads it
-                            done = True
-                            continue
-                        text = absorb(event.data, result, chat)
-                        if text:
-                            texts.append(text)
-                    if texts:
-                        if result.ttft_s is None:
-                            result.ttft_s = (arrived - started) / 1e9
-                        text = texts[0] if len(texts) == 1 else "".join(texts)
-                        parts.append(text)
-                        if on_text is not None:
-                            on_text(text)             # once per network read, not once per token
+                if clock is not None:
+                    # our transport's body raises httpx's own errors: read directly, without httpx's per-read
+                    # wrapping; read by read until the first text, then gathered until the live text is due
+                    body = response.stream
+                    raw = await body.next_block()
+                    while raw is not None:
+                        if result.first_byte_s is None:
+                            result.first_byte_s = (clock.arrived - started) / 1e9
+                        feed(raw, clock.arrived, started)
+                        raw = await body.next_block(reader.hold_until())
+                else:
+                    async for raw in response.aiter_raw():
+                        arrived = time.perf_counter_ns()
+                        if result.first_byte_s is None:
+                            result.first_byte_s = (arrived - started) / 1e9
+                        feed(raw, arrived, started)
+                reader.finish()
         except (httpx.RemoteProtocolError, httpx.WriteError) as exc:
             if result.first_byte_s is None and not answered:
                 raise _Unanswered(f"no answer from {path}: {_describe(exc)}") from None
@@ -315,23 +289,10 @@ class OpenAIClient:
             raise StreamError(f"stream from {path} timed out: {_describe(exc)}") from None
         except httpx.HTTPError as exc:
             raise StreamError(f"stream from {path} broke: {_describe(exc)}") from None
-        # the body ended; a last event without its blank line is still taken (see SSEDecoder.close)
-        for event in decoder.close():
-            if event.event != "message":
-                _other_event(event)
-            elif event.data.startswith("[DONE]"):
-                done = True
-            else:
-                text = absorb(event.data, result, chat)
-                if text:
-                    parts.append(text)
-                    if on_text is not None:
-                        on_text(text)
-        result.text = "".join(parts)
         result.total_s = (time.perf_counter_ns() - started) / 1e9
         if result.finish_reason is None and result.chunks == 0:
             raise StreamError(f"stream from {path} ended without any chunk")
-        if not done:
+        if not reader.done:
             # vLLM, llama.cpp and SGLang all end a stream with data: [DONE]. Without it, an answer
             # that has its finish_reason is complete (its text and usage came): it is judged, with a
             # note. One without a finish_reason was cut short: judging it would blame the cache
@@ -341,59 +302,3 @@ class OpenAIClient:
                                   f"after {result.chunks} chunks (cut short?)")
             result.notes.append("the stream ended without data: [DONE] (after its finish_reason)")
         return result
-
-    @staticmethod
-    def _absorb(payload: str, result: Completion, chat: bool) -> str:
-        try:
-            chunk = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            raise StreamError(f"malformed stream chunk: {payload[:80]!r}") from None
-        if not isinstance(chunk, dict):
-            raise StreamError(f"malformed stream chunk: {payload[:80]!r}")
-        if "error" in chunk:
-            raise StreamError(f"server error in stream: {_error_text(json.dumps(chunk['error']))}")
-        result.chunks += 1
-        if result.model is None:
-            if isinstance(chunk.get("model"), str):
-                result.model = chunk["model"]
-            if isinstance(chunk.get("id"), str):
-                result.server_id = chunk["id"]
-        usage = chunk.get("usage")
-        timings = chunk.get("timings")
-        if usage or timings:
-            cached = _cached_tokens(usage, timings)
-            if cached is not None:
-                result.cached_tokens = cached
-            if usage:
-                result.raw_usage = usage
-                result.prompt_tokens = usage.get("prompt_tokens", result.prompt_tokens)
-                result.completion_tokens = usage.get("completion_tokens", result.completion_tokens)
-            if timings and result.prompt_tokens is None and timings.get("prompt_n") is not None:
-                result.prompt_tokens = int(timings["prompt_n"]) + int(timings.get("cache_n") or 0)
-        choices = chunk.get("choices")
-        if not choices:
-            return ""
-        if len(choices) == 1:                       # the usual chunk: one choice, a few characters
-            choice = choices[0]
-            if chat:
-                text = (choice.get("delta") or {}).get("content") or ""
-            else:
-                text = choice.get("text") or ""
-            if choice.get("logprobs"):
-                result.logprobs.extend(parse_logprobs(choice["logprobs"]))
-            if choice.get("finish_reason"):
-                result.finish_reason = choice["finish_reason"]
-            return text
-        text = ""
-        for choice in choices:
-            if chat:
-                text += (choice.get("delta") or {}).get("content") or ""
-            else:
-                text += choice.get("text") or ""
-            if choice.get("logprobs"):
-                result.logprobs.extend(parse_logprobs(choice["logprobs"]))
-            if choice.get("finish_reason"):
-                result.finish_reason = choice["finish_reason"]
-        return text
-
-

@@ -10,6 +10,7 @@ import socket
 import struct
 import sys
 import time
+from typing import Callable
 
 # Seconds an idle connection is reused. llama-server (cpp-httplib) and vLLM (uvicorn) close idle ones after
 # 5 s, counted from their last write, which precedes our release: reusing one at 4.99 s by our clock raced
@@ -74,6 +75,10 @@ class _Connection:
         self.deadline: float | None = None         # when the wait in progress times out (loop time)
         self.watchdog: asyncio.TimerHandle | None = None
         self.idle_since = 0.0
+        # gather(): each read goes to sink(data, stamp) from the read callback, not to `pieces`; the waiting
+        # task is woken only when the sink says so (or the server closes), and each read moves the deadline
+        self.sink: Callable[[bytes, int], bool] | None = None
+        self.read_timeout: float | None = None
         self._resume_reading()
 
     def _resume_reading(self) -> None:
@@ -110,9 +115,16 @@ class _Connection:
                 kernel = seconds * 1_000_000_000 + nanoseconds - (time.time_ns() - stamp)
                 if 0 < stamp - kernel < 60_000_000_000:
                     stamp = kernel
+        self.received += len(data)
+        sink = self.sink
+        if sink is not None:
+            if sink(data, stamp):
+                self._wake()
+            elif self.deadline is not None:
+                self.deadline = self.loop.time() + self.read_timeout
+            return
         self.pieces.append((data, stamp))
         self.buffered += len(data)
-        self.received += len(data)
         if self.buffered > _READ_HIGH_WATER:
             self._pause_reading()
         self._wake()
@@ -156,6 +168,27 @@ class _Connection:
         if not self.reading and self.buffered < _READ_HIGH_WATER // 4:
             self._resume_reading()
         return piece
+
+    async def gather(self, sink: Callable[[bytes, int], bool], timeout: float | None) -> None:
+        """Hand each network read to sink(data, arrival) as it comes, from the event loop's read callback,
+        until the sink returns True or the server closes; TimeoutError after `timeout` seconds without a
+        read. Nothing may be queued (`pieces` empty). An answer's later reads, gathered without waking the
+        reading task for each one (issue 34: a task's wake is about as costly as the read itself)."""
+        self.sink, self.read_timeout = sink, timeout
+        self._resume_reading()
+        try:
+            if self.closed:
+                return
+            waiter = self.waiter = self.loop.create_future()
+            if timeout is not None:
+                self._arm(self.loop.time() + timeout)
+            try:
+                await waiter
+            finally:
+                self.waiter = None
+                self.deadline = None
+        finally:
+            self.sink = None
 
     def _arm(self, deadline: float) -> None:
         """One watchdog timer per connection, moved only when a wait must end sooner than it fires: a

@@ -297,56 +297,82 @@ class DirectStream:
 
 class _Body(httpx.AsyncByteStream):
     """The response body as llhttp de-frames it (chunked, content-length or closed by the server),
-    one block per network read; clock.arrived is the arrival of the read a block came from. A
-    framing error (a chunk size the grammar forbids, a body cut short) is httpx.RemoteProtocolError."""
+    one block per network read, or gathered (next_block); clock.arrived is the arrival of the (last)
+    read a block came from. A framing error (a chunk size the grammar forbids, a body cut short) is
+    httpx.RemoteProtocolError."""
 
     def __init__(self, pool: StreamingTransport, conn: _Connection, key, request: httpx.Request,
                  response: _Response, stamp: int, clock: _Clock, timeout: float | None):
         self.pool, self.conn, self.key, self.request = pool, conn, key, request
         self.response = response
         self.clock, self.timeout = clock, timeout
-        self.stamp = stamp                # arrival of the read that completed the head
+        self.stamp = stamp                # arrival of the last read parsed (at first: the one that completed the head)
         self.released = False
         self.done = False
+        self.eof = False                  # the server closed the connection
+        self.hold_until = 0               # gathering: a read arriving at or after this releases the block
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn = self.conn
-        response = self.response
+        while (block := await self.next_block()) is not None:
+            yield block
+
+    async def next_block(self, hold_until: int | None = None) -> bytes | None:
+        """The body's next block; None at its end. Without hold_until: what one network read brought, as it
+        comes. With it (perf_counter_ns): the reads gathered, from the event loop's read callback (the task is
+        not woken per read), until the body ends or a read arrives at or after hold_until; clock.arrived is
+        the last one's arrival."""
+        conn, response = self.conn, self.response
         parts = response.body
-        stamp = self.stamp
         while True:
-            if parts:
-                self.clock.arrived = stamp
+            if parts and (hold_until is None or response.complete or response.error is not None or self.eof
+                          or self.stamp >= hold_until):
+                self.clock.arrived = self.stamp
                 block = parts[0] if len(parts) == 1 else b"".join(parts)
                 parts.clear()
-                yield block
+                return block
             if response.error is not None:
                 raise httpx.RemoteProtocolError(self._broken(f"bad HTTP framing: {response.error}"),
                                                 request=self.request)
             if response.complete:
                 self.done = True
-                return
-            try:
-                piece = await conn.next_piece(self.timeout)
-            except TimeoutError:
-                raise httpx.ReadTimeout(f"no data for {self.timeout:g} s in the middle of the answer",
-                                        request=self.request) from None
-            if piece is None:
+                return None
+            if self.eof:
                 if conn.error is None and response.close_delimited():
                     conn.reusable = False           # the close was the end of the body
                     self.done = True
-                    return
+                    return None
                 why = conn.lost_reason() if conn.error is not None else \
                     "peer closed connection without sending complete message body"
                 raise httpx.RemoteProtocolError(self._broken(why), request=self.request)
-            stamp = piece[1]
             try:
-                response.feed(piece[0])
-            except _FramingError as exc:
-                raise httpx.RemoteProtocolError(self._broken(f"bad HTTP framing: {exc}"),
-                                                request=self.request) from None
-            except _AfterTheEnd:
-                conn.reusable = False
+                if hold_until is None or conn.pieces:
+                    piece = await conn.next_piece(self.timeout)
+                    if piece is None:
+                        self.eof = True
+                    else:
+                        self._take(piece[0], piece[1])
+                else:
+                    self.hold_until = hold_until
+                    await conn.gather(self._take, self.timeout)
+                    if conn.closed and not conn.pieces:
+                        self.eof = True
+            except TimeoutError:
+                raise httpx.ReadTimeout(f"no data for {self.timeout:g} s in the middle of the answer",
+                                        request=self.request) from None
+
+    def _take(self, data: bytes, stamp: int) -> bool:
+        """One read through llhttp; True when the block is to be released (the body ended, a framing error,
+        or the read came at or after hold_until; next_block checks the same after a read it waited for)."""
+        self.stamp = stamp
+        response = self.response
+        try:
+            response.feed(data)
+        except _FramingError as exc:
+            response.error = str(exc)
+            return True
+        except _AfterTheEnd:
+            self.conn.reusable = False
+        return response.complete or stamp >= self.hold_until
 
     def _broken(self, why: str) -> str:
         return f"{why} ({self.conn.received} bytes received)"

@@ -26,8 +26,8 @@ DELTA_INTERVAL = 0.1          # seconds between coalesced answer deltas per requ
 
 class DeltaCoalescer:
     """The answer text as it streams, emitted as AnswerDelta events at most every DELTA_INTERVAL
-    seconds per request (the UI never gets one event per token). Call it with each piece of text;
-    flush() emits what is left when the stream ends."""
+    seconds per request (the UI never gets one event per token). Call it with each piece of text. What
+    is left when the stream ends is not emitted: the request's RequestFinished holds the whole text."""
 
     __slots__ = ("emit", "request", "pending", "last")
 
@@ -45,11 +45,6 @@ class DeltaCoalescer:
             self.emit(AnswerDelta(request=self.request, text="".join(pending)))
             pending.clear()
             self.last = now
-
-    def flush(self) -> None:
-        if self.pending:
-            self.emit(AnswerDelta(request=self.request, text="".join(self.pending)))
-            self.pending.clear()
 
 
 @dataclass

@@ -265,7 +265,8 @@ class Requester:
         cached = proof.exact
         if self.ctx.checkpoints_seen():
             await self._await_checkpoint_line(sent_at, cached)
-        on_text.flush()
+        # no last delta: RequestFinished carries the whole text (an answer shorter than DELTA_INTERVAL, most
+        # of them, would otherwise be published twice: the event and its log line, per request)
         found = evaluate(completion.text, task, memo.code if memo else None, self.registry.codes(),
                          tuple(judges))
         if completion.notes:

@@ -125,7 +125,7 @@ class RequestStarted(Event):
 class AnswerDelta(Event):
     type: ClassVar[str] = "delta"
     request: int = 0
-    text: str = ""              # coalesced text since the previous delta
+    text: str = ""              # coalesced text since the previous delta (one per 0.1 s at most; the rest: request_end)
 
 
 @dataclass

@@ -155,14 +155,7 @@ class _Connection:
         while not self.pieces:
             if self.closed:
                 return None
-            waiter = self.waiter = self.loop.create_future()
-            if timeout is not None:
-                self._arm(self.loop.time() + timeout)
-            try:
-                await waiter
-            finally:
-                self.waiter = None
-                self.deadline = None
+            await self._woken(timeout)
         piece = self.pieces.popleft()
         self.buffered -= len(piece[0])
         if not self.reading and self.buffered < _READ_HIGH_WATER // 4:
@@ -177,18 +170,22 @@ class _Connection:
         self.sink, self.read_timeout = sink, timeout
         self._resume_reading()
         try:
-            if self.closed:
-                return
-            waiter = self.waiter = self.loop.create_future()
-            if timeout is not None:
-                self._arm(self.loop.time() + timeout)
-            try:
-                await waiter
-            finally:
-                self.waiter = None
-                self.deadline = None
+            if not self.closed:
+                await self._woken(timeout)
         finally:
             self.sink = None
+
+    async def _woken(self, timeout: float | None) -> None:
+        """Until the read callback wakes this connection's one waiter (or the server closes); TimeoutError
+        after `timeout` seconds without a read."""
+        waiter = self.waiter = self.loop.create_future()
+        if timeout is not None:
+            self._arm(self.loop.time() + timeout)
+        try:
+            await waiter
+        finally:
+            self.waiter = None
+            self.deadline = None
 
     def _arm(self, deadline: float) -> None:
         """One watchdog timer per connection, moved only when a wait must end sooner than it fires: a

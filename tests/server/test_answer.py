@@ -38,6 +38,7 @@ def test_the_first_text_is_stamped_with_its_own_read_and_told_at_once():
     seen = []
     result, reader = read([(role_only, 5 * MS), (first, 9 * MS), (second, 12 * MS)], seen.append)
     assert result.ttft_s == 0.009                   # the read with text, not the first read
+    assert result.first_byte_s == 0.005             # the first read, text or not
     assert seen == [" 7395"]                        # what came 3 ms later waits for the end
     assert result.text == " 7395-2841" and result.chunks == 3 and reader.done
     assert result.finish_reason == "length" and result.logprobs == [[" 7395", -0.5, [[" 7395", -0.5]]]]

@@ -46,7 +46,10 @@ class AnswerReader:
         self.texted = 0                    # arrival (ns) of the read whose text on_text last got
 
     def feed(self, raw: bytes, arrived: int, started: int) -> None:
+        """One read (or gathered reads) that arrived at `arrived`, for a request sent at `started` (ns)."""
         result = self.result
+        if result.first_byte_s is None:
+            result.first_byte_s = (arrived - started) / 1e9
         if result.ttft_s is not None:
             self.pending.append(raw)
             if self.on_text is not None and arrived - self.texted >= TEXT_EVERY_NS:

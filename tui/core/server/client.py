@@ -270,16 +270,11 @@ class OpenAIClient:
                     body = response.stream
                     raw = await body.next_block()
                     while raw is not None:
-                        if result.first_byte_s is None:
-                            result.first_byte_s = (clock.arrived - started) / 1e9
                         feed(raw, clock.arrived, started)
                         raw = await body.next_block(reader.hold_until())
                 else:
                     async for raw in response.aiter_raw():
-                        arrived = time.perf_counter_ns()
-                        if result.first_byte_s is None:
-                            result.first_byte_s = (arrived - started) / 1e9
-                        feed(raw, arrived, started)
+                        feed(raw, time.perf_counter_ns(), started)
                 reader.finish()
         except (httpx.RemoteProtocolError, httpx.WriteError) as exc:
             if result.first_byte_s is None and not answered:

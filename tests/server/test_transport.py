@@ -379,7 +379,7 @@ async def _blocks(replies, holds):
     async with RawServer(replies) as server:
         client = OpenAIClient(server.url, timeout=2.0)
         try:
-            async with client._open_stream(client._urls["/v1/completions"], b"{}", False) as response:
+            async with client._open_stream("/v1/completions", b"{}", False) as response:
                 clock, body = response.extensions["hitproof.clock"], response.stream
                 for hold in holds:
                     block = await body.next_block(None if hold is None or not out else hold(out[0][1]))

@@ -21,7 +21,8 @@ from .answer import AnswerReader, StreamError
 from .wire import (MAX_RETRIES, RETRY_CAP, RETRY_STATUSES, Completion, RequestSpec,  # noqa: F401
                    _describe, _error_text, _json_bytes, retry_delay)
 from .transport import (CLOCK, FRESH_STREAM_EXTENSIONS, JSON_HEADERS, NO_SELECTOR, SSE, STREAM_EXTENSIONS,
-                        DirectStream, StreamingTransport, direct_http_origin)
+                        StreamingTransport, direct_http_origin)
+from .direct import REQUEST_ID_HEADER, DirectStream, StreamHead, plain_request_id
 
 TIMEOUT_KEYS = ("connect", "read", "write", "pool")
 
@@ -33,7 +34,6 @@ if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
 
 DIALECTS = ("vllm", "llamacpp", "sglang", "openai")
 API_KEY_ENV = "HITPROOF_API_KEY"
-REQUEST_ID_HEADER = "X-Request-Id"     # RequestSpec.request_id goes out under this name
 
 
 class _HTTPStatus(ServerProblem):
@@ -91,6 +91,9 @@ class OpenAIClient:
         self._json_headers = httpx.Headers(self._http.headers)
         self._json_headers.update(JSON_HEADERS)
         self._stream_timeouts = {**dict.fromkeys(TIMEOUT_KEYS, timeout), "connect": 10.0}
+        # the answer requests' heads, built once (direct.py): the bytes httpx would send
+        self._heads = {path: StreamHead(url, self._json_headers) for path, url in self._urls.items()} \
+            if self._direct is not None else {}
 
     def use_http(self, http: httpx.AsyncClient) -> None:
         """Send every request through `http` (a test's mock transport), none past it."""
@@ -128,18 +131,14 @@ class OpenAIClient:
                                 extensions={SSE: True, "timeout": dict.fromkeys(TIMEOUT_KEYS, timeout)})
         return await self._direct.whole(request)
 
-    def _open_stream(self, url: httpx.URL, content: bytes, fresh: bool, request_id: str | None = None):
+    def _open_stream(self, path: str, content: bytes, fresh: bool, request_id: str | None = None):
         """The answer stream's response, as a context that gives its connection back."""
+        if self._direct is not None and plain_request_id(request_id):
+            return DirectStream(self._direct, self._heads[path], self._heads[path].request(content, request_id),
+                                self._stream_timeouts, fresh)
         extensions = FRESH_STREAM_EXTENSIONS if fresh else STREAM_EXTENSIONS
-        if self._direct is None:
-            headers = JSON_HEADERS if request_id is None else {**JSON_HEADERS, REQUEST_ID_HEADER: request_id}
-            return self._http.stream("POST", url, content=content, headers=headers, extensions=extensions)
-        headers = self._json_headers
-        if request_id is not None:
-            headers = headers.copy()
-            headers[REQUEST_ID_HEADER] = request_id
-        return DirectStream(self._direct, httpx.Request("POST", url, headers=headers, content=content,
-                                                         extensions={**extensions, "timeout": self._stream_timeouts}))
+        headers = JSON_HEADERS if request_id is None else {**JSON_HEADERS, REQUEST_ID_HEADER: request_id}
+        return self._http.stream("POST", self._urls[path], content=content, headers=headers, extensions=extensions)
 
     async def get(self, path: str, timeout: float = 10.0) -> httpx.Response:
         return await self._request("GET", path, timeout=timeout)
@@ -252,7 +251,7 @@ class OpenAIClient:
         feed = reader.feed
         answered = False
         try:
-            async with self._open_stream(self._urls[path], content, fresh, spec.request_id) as response:
+            async with self._open_stream(path, content, fresh, spec.request_id) as response:
                 answered = True
                 result.headers = dict(response.headers)
                 # the streaming transport stamps when the request went on the wire and when each

@@ -151,11 +151,28 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         if not request.extensions.get(SSE) or request.url.scheme != "http" or _NO_SELECTOR \
                 or not isinstance(request.stream, httpx.ByteStream):
             return await self.inner.handle_async_request(request)
+        head = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
+        head += [b"%s: %s\r\n" % (name, value) for name, value in request.headers.raw]
+        head.append(b"\r\n")
+        head.append(request.content)
+        body = await self.exchange((request.url.host, request.url.port or 80), b"".join(head),
+                                   request.extensions.get("timeout") or {}, bool(request.extensions.get(FRESH)),
+                                   request)
+        response = body.response
+        version = b"HTTP/" + response.parser.get_http_version().encode("ascii")
+        return httpx.Response(response.status, headers=response.headers, stream=body,
+                              extensions={"http_version": version, "reason_phrase": response.reason,
+                                          CLOCK: body.clock})
+
+    async def exchange(self, key: tuple[str, int], data: bytes, timeouts: dict, fresh: bool, request) -> _Body:
+        """Send `data` (a whole HTTP/1.1 request: head and body) to key's (host, port) on a kept-alive
+        connection (a new one when `fresh`) and read the response head; its body is the _Body returned
+        (body.response: status and headers; body.clock: when the request left, when each block arrived).
+        `request` names the request in httpx's errors (an httpx.Request, or the client's own)."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:                    # a new event loop: the old connections are unusable
             self._loop, self._idle, self._slots = loop, {}, asyncio.Semaphore(self.max_connections)
             self._buffer = read_buffer()              # shared by this loop's connections
-        timeouts = request.extensions.get("timeout") or {}
         slots = self._slots
         if slots.locked():
             try:
@@ -164,20 +181,13 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                 raise httpx.PoolTimeout("no free connection in the pool", request=request) from None
         else:
             await slots.acquire()
-        key = (request.url.host, request.url.port or 80)
         try:
-            conn = await self._connection(loop, key, request, timeouts.get("connect"),
-                                          fresh=bool(request.extensions.get(FRESH)))
+            conn = await self._connection(loop, key, request, timeouts.get("connect"), fresh=fresh)
         except BaseException:
             slots.release()
             raise
         try:
             conn.received = 0
-            head = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
-            head += [b"%s: %s\r\n" % (name, value) for name, value in request.headers.raw]
-            head.append(b"\r\n")
-            head.append(request.content)
-            data = b"".join(head)
             clock = _Clock()
             try:
                 clock.sent = time.perf_counter_ns()
@@ -192,11 +202,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         except BaseException:
             self._release(conn, key, False)
             raise
-        version = b"HTTP/" + response.parser.get_http_version().encode("ascii")
-        body = _Body(self, conn, key, request, response, stamp, clock, timeouts.get("read"))
-        return httpx.Response(response.status, headers=response.headers, stream=body,
-                              extensions={"http_version": version, "reason_phrase": response.reason,
-                                          CLOCK: clock})
+        return _Body(self, conn, key, request, response, stamp, clock, timeouts.get("read"))
 
     async def _connection(self, loop, key, request, timeout, fresh: bool = False) -> _Connection:
         idle = self._idle.get(key)
@@ -222,7 +228,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         return conn
 
     @staticmethod
-    async def _read_head(conn: _Connection, request: httpx.Request, timeout: float | None):
+    async def _read_head(conn: _Connection, request, timeout: float | None):
         """The final response head (interim 1xx ones are skipped) and the arrival of the read that
         completed it; body bytes that came with it wait in response.body."""
         response = _Response()
@@ -276,23 +282,6 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                 conn.close()
         self._idle = {}
         await self.inner.aclose()
-
-
-class DirectStream:
-    """`async with`: the transport's response to one request, its body closed on the way out (the
-    connection given back, or dropped when the body was not read to its end)."""
-
-    __slots__ = ("transport", "request", "response")
-
-    def __init__(self, transport: StreamingTransport, request: httpx.Request):
-        self.transport, self.request, self.response = transport, request, None
-
-    async def __aenter__(self) -> httpx.Response:
-        self.response = await self.transport.handle_async_request(self.request)
-        return self.response
-
-    async def __aexit__(self, *exc) -> None:
-        await self.response.stream.aclose()
 
 
 class _Body(httpx.AsyncByteStream):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from rich.console import Console
 
 from ..core.config.errors import EXIT_INTERRUPTED, HitproofError
 from ..core.config.scenario import load_scenario, resolve_scenario_path
+from ..core.server import eventloop
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -78,7 +78,7 @@ def _matrix(args, console: Console, err: Console, argv: list[str]) -> int:
 
     started = time.monotonic()
     try:
-        rows = asyncio.run(run_matrix(scenario, profiles, out, hooks=hooks, on_row=on_row,
+        rows = eventloop.run(run_matrix(scenario, profiles, out, hooks=hooks, on_row=on_row,
                                       argv=["hitproof", *argv]))
     except KeyboardInterrupt:
         for c in consoles:

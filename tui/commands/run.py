@@ -4,7 +4,6 @@ behind a router) in the app or headless, the same way: tui.runner.run starts wha
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from rich.console import Console
 from ..core.config.errors import EXIT_INTERRUPTED, EXIT_LOG, HitproofError
 from ..core.config.scenario import load_scenario, resolve_scenario_path
 from ..core.server.replicas import checked_url, normalize as normalize_url
+from ..core.server import eventloop
 
 ENGINES = ("vllm", "llamacpp")
 
@@ -174,7 +174,7 @@ def _run_headless(start, hooks, record: Path | None, console: Console, err: Cons
     headless = HeadlessConsole(console, show_info=verbose, tally=report.tally)
     hooks.listeners = [report.feed, headless]                  # the report feeds the tally both read
     try:
-        outcome = asyncio.run(start(hooks))
+        outcome = eventloop.run(start(hooks))
     except KeyboardInterrupt:
         headless.stop()
         kept = f"; log kept at {record} ({_count_lines(record)} events)" if record and record.exists() else ""
@@ -198,7 +198,7 @@ def _run_app(start, record, err: Console) -> int:
     from ..app.sources import LiveSource
 
     app = build_app(LiveSource(start))
-    app.run()
+    eventloop.run(app.run_async())             # App.run() is asyncio.run(run_async()): the same, on our loop
     code = app.return_code if app.return_code is not None else EXIT_INTERRUPTED
     if app.failure:                          # seen on screen; said again once the screen is gone
         err.print(f"hitproof: error: {app.failure}", style="red", markup=False, soft_wrap=True)

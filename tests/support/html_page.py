@@ -3,6 +3,7 @@ ElementTree) and rendered by a real headless Chromium (Debian's `chromium` packa
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -88,14 +89,17 @@ def chromium() -> str:
 def screenshot(html_file: Path, png: Path, width: int = 1000, height: int = 2600) -> Path:
     """Render a local file in headless Chromium (a fresh profile, no network services) into a PNG."""
     png.parent.mkdir(parents=True, exist_ok=True)
-    if png.exists():
-        png.unlink()
+    # rendered beside it, then moved over it at once: the manual's tests check the committed screenshot exists
+    # while this one is re-rendered in a parallel worker (an unlink first left it missing for seconds)
+    rendering = png.with_name(f".{png.stem}.rendering{png.suffix}")
+    rendering.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="hitproof-chromium-") as profile:
         result = subprocess.run([chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-                                 f"--screenshot={png}", f"--window-size={width},{height}",
+                                 f"--screenshot={rendering}", f"--window-size={width},{height}",
                                  html_file.resolve().as_uri()],
                                 capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0 and png.exists(), result.stdout + result.stderr
+    assert result.returncode == 0 and rendering.exists(), result.stdout + result.stderr
+    os.replace(rendering, png)
     return png
 
 

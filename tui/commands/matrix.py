@@ -46,6 +46,7 @@ def _matrix(args, console: Console, err: Console, argv: list[str]) -> int:
     profiles = [load_profile(resolve_profile_path(p)) for p in args.profile]
     check_names(profiles)
     scenario = load_scenario(resolve_scenario_path(args.scenario))
+    eventloop.loop_kind()                                  # HITPROOF_EVENT_LOOP
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise HitproofError(f"--out {out}: exists and is not a folder")

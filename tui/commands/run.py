@@ -85,6 +85,7 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
     from ..runner import Embedded, Target, default_log_path
 
     scenario, plan = _run_inputs(args)       # every input validated (exit 2) before anything starts
+    eventloop.loop_kind()                    # HITPROOF_EVENT_LOOP too
     record = None if args.no_record else Path(args.record) if args.record else default_log_path()
     if record is not None:
         from ..core.log.recorder import check_writable

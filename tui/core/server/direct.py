@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import httpx
 
-from .transport import CLOCK, StreamingTransport, _Body
+from .transport import CLOCK, StreamingTransport, _Body, request_head
 
 REQUEST_ID_HEADER = "X-Request-Id"
 
@@ -49,9 +49,8 @@ class StreamHead:
         self.url = url
         self.key = (url.host, url.port or 80)
         probe = httpx.Request("POST", url, headers=headers, content=b"{}")
-        lines = [b"%s: %s\r\n" % (name, value) for name, value in probe.headers.raw
-                 if name.lower() != b"content-length"]
-        self.prefix = b"POST %s HTTP/1.1\r\n" % url.raw_path + b"".join(lines)
+        self.prefix = request_head("POST", url.raw_path, [(name, value) for name, value in probe.headers.raw
+                                                           if name.lower() != b"content-length"])
 
     def request(self, content: bytes, request_id: str | None) -> bytes:
         """The whole request: head and JSON body."""

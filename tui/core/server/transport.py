@@ -58,6 +58,12 @@ def direct_http_origin(base_url: str) -> str | None:
     return f"http://{host}" + (f":{url.port}" if url.port else "")      # no port: any port of that host
 
 
+def request_head(method: str, raw_path: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A request's line and header lines, each ending in CRLF (the blank line that ends the head not included)."""
+    return b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), raw_path) + \
+        b"".join([b"%s: %s\r\n" % (name, value) for name, value in headers])
+
+
 class _AfterTheEnd(Exception):
     """Bytes after the end of the response: the connection is not reused."""
 
@@ -151,11 +157,8 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         if not request.extensions.get(SSE) or request.url.scheme != "http" or _NO_SELECTOR \
                 or not isinstance(request.stream, httpx.ByteStream):
             return await self.inner.handle_async_request(request)
-        head = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
-        head += [b"%s: %s\r\n" % (name, value) for name, value in request.headers.raw]
-        head.append(b"\r\n")
-        head.append(request.content)
-        body = await self.exchange((request.url.host, request.url.port or 80), b"".join(head),
+        data = request_head(request.method, request.url.raw_path, request.headers.raw) + b"\r\n" + request.content
+        body = await self.exchange((request.url.host, request.url.port or 80), data,
                                    request.extensions.get("timeout") or {}, bool(request.extensions.get(FRESH)),
                                    request)
         response = body.response

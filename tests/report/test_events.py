@@ -1,6 +1,7 @@
 """Event codec, the bus, the recorder and the tolerant log reader."""
 
 import json
+import time
 
 import pytest
 
@@ -44,6 +45,37 @@ async def test_recorder_flushes_each_event(tmp_path):
     assert len(lines) == 2 and json.loads(lines[0])["type"] == "header"
     log = read_log(path)
     assert log.header.run_id == "r1" and log.events[1].text == "héllo" and log.warning is None
+
+
+async def test_recorder_writes_a_lone_event_at_once_and_batches_a_burst(tmp_path, monkeypatch):
+    """One hop to the file's thread per batch: a burst right after a write waits up to LINGER for its
+    batch (here long, so the wait is seen), a lone event does not wait, and close() writes what waits."""
+    import asyncio
+    monkeypatch.setattr(Recorder, "LINGER", 30.0)
+    path = tmp_path / "run.jsonl"
+    rec = Recorder(path)
+    await rec.start()
+    hops = []
+    flush = rec._flush
+
+    async def counted(lines):
+        hops.append(len(lines))
+        await flush(lines)
+    rec._flush = counted
+    rec(RunHeader(run_id="r1"))
+    for _ in range(100):                                 # the lone first event: written without waiting
+        await asyncio.sleep(0.01)
+        if path.read_bytes().count(b"\n") == 1:
+            break
+    assert hops == [1]
+    for request in range(1, 6):                          # a burst within LINGER of that write: waits
+        rec(RequestFinished(request=request))
+        await asyncio.sleep(0.02)
+    assert path.read_bytes().count(b"\n") == 1 and hops == [1]
+    closing = time.monotonic()
+    await rec.close()                                    # ... and is written, one batch, at close
+    assert time.monotonic() - closing < 10               # without waiting LINGER out
+    assert hops == [1, 5] and [e.request for e in read_log(path).events[1:]] == [1, 2, 3, 4, 5]
 
 
 def _write(path, *events, tail=""):

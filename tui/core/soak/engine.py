@@ -23,7 +23,7 @@ from .header import run_header
 from .requester import Requester
 from .state import PhaseState
 from ..config.scenario import Scenario
-from ..evidence.tokens import TokenCounter
+from ..evidence.tokens import TokenCounter, load_estimator
 from ..checks.verdicts import exit_code, run_verdict
 from ..server.restarts import RestartWatch
 from .cluster import ClusterView
@@ -238,10 +238,11 @@ class SoakEngine:
         return Outcome(verdict, code, message)
 
     async def _run_phases(self) -> Outcome:
+        loading = asyncio.create_task(asyncio.to_thread(load_estimator))   # beside discovery's round trips
         info = admit_width(self.scenario, await self._discover())    # a width it cannot hold: exit 2
+        await loading
         tokenizer = self.cluster.set.clients[0] if self.cluster else self.client
-        counter = TokenCounter(
-            (lambda text: tokenizer.tokenize(text, info.model)) if info.tokenizer == "server" else None)
+        counter = TokenCounter((lambda text: tokenizer.tokenize(text, info.model)) if info.tokenizer == "server" else None)
         requester = self.requester = Requester(SoakContext(
             scenario=self.scenario, server=info, client=self.client, emit=self.emit, nonce=self.nonce,
             codes=self.codes, registry=self.registry, gate=self.gate, scrape=lambda: self.scrape(record=False),

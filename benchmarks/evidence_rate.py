@@ -98,7 +98,7 @@ def record_main(bodies: Path, hitproof_argv: list[str]) -> int:
     current: contextvars.ContextVar[int | None] = contextvars.ContextVar("hp_bench_request", default=None)
     sending: contextvars.ContextVar[dict | None] = contextvars.ContextVar("hp_bench_sending", default=None)
     kept: list[dict] = []
-    emit, body, stream = EventBus.emit, client_module.OpenAIClient.body, client_module.OpenAIClient.stream
+    emit, json_bytes, stream = EventBus.emit, client_module._json_bytes, client_module.OpenAIClient.stream
 
     steady: dict = {}          # CPU seconds of this process at the first request and at the run's end
 
@@ -113,11 +113,11 @@ def record_main(bodies: Path, hitproof_argv: list[str]) -> int:
             steady["cpu_run_end"] = time.process_time()
         return out
 
-    def body_kept(self, spec):
-        made = body(self, spec)
+    def bytes_kept(body):
+        made = json_bytes(body)
         entry = sending.get()
         if entry is not None:                 # a re-send of an unanswered request keeps the last bytes
-            entry["body"] = client_module._json_bytes(made).decode("utf-8")
+            entry["body"] = made              # the bytes sent, as they are: decoded after the run (no second encoding)
         return made
 
     async def stream_noting(self, spec, on_text=None):
@@ -133,13 +133,15 @@ def record_main(bodies: Path, hitproof_argv: list[str]) -> int:
         return completion
 
     EventBus.emit = emit_noting
-    client_module.OpenAIClient.body = body_kept
+    client_module._json_bytes = bytes_kept
     client_module.OpenAIClient.stream = stream_noting
     try:
         return hitproof(hitproof_argv)
     finally:
         with bodies.open("w") as out:
             for entry in kept:
+                if isinstance(entry.get("body"), bytes):
+                    entry["body"] = entry["body"].decode("utf-8")
                 out.write(json.dumps(entry) + "\n")
         if "cpu_first_request" in steady and "cpu_run_end" in steady:
             # start-up (imports, discovery, memo sizing before the first request) and shutdown excluded

@@ -3,7 +3,7 @@ exactly what fingerprint_match gives, on random runs with shared and missing alt
 
 import random
 
-from tui.core.checks.detectors import fingerprint_match, fingerprint_prepare, prepared_match
+from tui.core.checks.detectors import classify_fingerprint, fingerprint_match, fingerprint_prepare, prepared_match
 from tui.core.checks.fingerprints import Fingerprint, FingerprintBook
 
 
@@ -47,5 +47,37 @@ def test_book_answers_as_before_with_its_caches():
     mine, others, verdict, _ = book.compare(probe, fps[3])
     assert verdict == "match" and others == {}          # a match needs no other memo compared
     mine, others, verdict, owner = book.compare(fps[5].logprobs, fps[3])
-    assert set(others) == {fp.memo for fp in fps if fp.memo != "m3"}
+    assert (verdict, owner) == ("foreign_state", "m5")
     assert others["m5"] == fingerprint_match(fps[5].logprobs, fps[5].logprobs, 8)
+
+
+def test_compare_leaves_out_only_memos_that_cannot_be_closer():
+    """A run off its own fingerprint is compared only with the memos sharing its first tokens (closer_needs, and
+    as many as it shares with its own): the verdict and the closer memo are what comparing every memo gives, on
+    random books where runs are copies of one memo's fingerprint, nudged, cut or turned at a token."""
+    rng = random.Random(3406)
+    seen = set()
+    for _ in range(300):
+        tokens = rng.randint(3, 12)
+        book = FingerprintBook(tokens=tokens, tolerance=0.05)
+        stem = run(rng, tokens)                      # memos often share their first tokens, as real answers do
+        fps = []
+        for i in range(rng.randint(2, 9)):
+            lp = [list(x) for x in stem[:rng.randint(0, tokens)]] + run(rng, tokens)
+            fps.append(Fingerprint(memo=f"m{i}", task="recall", request=i, logprobs=lp[:tokens]))
+            book.add(f"k{i}", fps[-1])
+        for _ in range(10):
+            own, source = rng.choice(fps), rng.choice(fps)
+            probe = [list(x) for x in source.logprobs]
+            for x in probe:
+                if x[1] is not None and rng.random() < 0.3:
+                    x[1] = round(x[1] + rng.uniform(-0.1, 0.1), 3)
+            if probe and rng.random() < 0.3:
+                probe[rng.randrange(len(probe))][0] = rng.choice("abcde")
+            probe = probe[:rng.randint(0, tokens)] if rng.random() < 0.2 else probe
+            mine, others, verdict, owner = book.compare(probe, own)
+            every = {fp.memo: fingerprint_match(probe, fp.logprobs, tokens) for fp in fps if fp.memo != own.memo}
+            assert (verdict, owner) == classify_fingerprint(mine, every, 0.05, tokens)
+            assert all(every[memo] == m for memo, m in others.items())
+            seen.add(verdict)
+    assert seen == {"match", "mismatch", "foreign_state"}

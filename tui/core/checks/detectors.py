@@ -182,17 +182,10 @@ def classify_determinism(cold: str, hits: list[str], cold_again: str, short_runs
     """
     divergences = [d for d in (first_divergence(cold, hit) for hit in hits) if d is not None]
     hit_vs_cold = min(divergences) if divergences else None
-    hit_vs_hit = None
-    for other in hits[1:]:
-        hit_vs_hit = first_divergence(hits[0], other)
-        if hit_vs_hit is not None:
-            break
+    hit_vs_hit = next((d for d in (first_divergence(hits[0], other) for other in hits[1:]) if d is not None), None)
     cold_vs_cold = first_divergence(cold, cold_again)
-    short = None
-    for other in short_runs[1:]:
-        short = first_divergence(short_runs[0], other)
-        if short is not None:
-            break
+    short = next((d for d in (first_divergence(short_runs[0], other) for other in short_runs[1:]) if d is not None),
+                 None)
     if hit_vs_hit is not None or cold_vs_cold is not None:
         kind = "kernel_nondeterminism"
     elif hit_vs_cold is None:
@@ -211,8 +204,7 @@ class LogprobComparison:
 
     def near_tie(self, tolerance: float) -> bool:
         """The paths agree to within `tolerance` until a near-tied choice flips: numerics, not state."""
-        return (self.max_prefix_delta <= tolerance and self.margin is not None
-                and self.margin <= tolerance)
+        return self.max_prefix_delta <= tolerance and self.margin is not None and self.margin <= tolerance
 
 
 def compare_logprobs(a: list[list], b: list[list]) -> LogprobComparison:
@@ -341,6 +333,11 @@ def prepared_match(a: tuple, b: tuple) -> FingerprintMatch:
     return FingerprintMatch(agreeing, same, round(first, 6), round(second, 6))
 
 
+def closer_needs(tokens: int) -> int:
+    """Leading tokens another memo's fingerprint shares with a run to be closer than its own (FingerprintBook too)."""
+    return max(2, -(-tokens // 3))
+
+
 def classify_fingerprint(own: FingerprintMatch, others: dict[str, FingerprintMatch],
                          tolerance: float, tokens: int = 12) -> tuple[str, str | None]:
     """("match", None) | ("foreign_state", memo) when another memo's fingerprint is closer than the
@@ -351,7 +348,7 @@ def classify_fingerprint(own: FingerprintMatch, others: dict[str, FingerprintMat
     a first word or two ("The memo says"), but not the log-probabilities of another state."""
     if own.matches(tolerance):
         return "match", None
-    needed = max(2, -(-tokens // 3))
+    needed = closer_needs(tokens)
     # A run on its own fingerprint within the tolerance until its tokens part took a tie there: another memo is
     # closer only by more tokens. Measured, vLLM 0.26, H200, 128 streams (run E): a clean hit 11 tokens with its
     # own cold run (0.0357 second-largest, 0.0513 at most) and 11 with another's (0.0445): a false FAIL.

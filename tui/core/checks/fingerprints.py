@@ -102,6 +102,11 @@ class FingerprintBook:
             known = self._pairs[key] = checks.prepared_match(self._ready(a.logprobs), self._ready(b.logprobs))
         return known
 
+    def _leads_with(self, fp: Fingerprint, head: list, lead: int) -> bool:
+        """Do fp's first `lead` chosen tokens exist and equal `head` (a run's first tokens; shorter: no)?"""
+        ready = self._ready(fp.logprobs)
+        return len(head) == lead <= len(ready) and all(ready[i][0] == tok for i, tok in enumerate(head))
+
     def distinct(self, a: Fingerprint, b: Fingerprint) -> bool:
         m = self._pair(a, b)
         return not (m.same_tokens and m.distance <= self.tolerance + self.margin)
@@ -155,20 +160,26 @@ class FingerprintBook:
 
     def compare(self, run: list[list], own: Fingerprint) -> tuple[FingerprintMatch, dict[str, FingerprintMatch], str,
                                                                    str | None]:
-        """(match with its own, matches with the other memos', verdict, the closer other memo). A run that
-        matches its own fingerprint is a match whatever the others are (classify_fingerprint): the other
-        memos are compared only when it does not, so a clean hit costs one comparison however many memos
-        are live (at 128 slots, 128 times fewer)."""
+        """(match with its own, matches with the other memos that could be closer, verdict, the closer other
+        memo). A run that matches its own fingerprint is a match whatever the others are (classify_fingerprint):
+        the other memos are compared only when it does not, so a clean hit costs one comparison however many
+        memos are live (at 128 slots, 128 times fewer). When it does not, only the memos whose first tokens are
+        the run's are compared: another memo is closer only with at least closer_needs(tokens) leading tokens
+        in common and as many as the run's own (closer_than), and `agreeing` counts leading tokens. Measured,
+        H100, 128 streams (2026-12-06, run M): 210 of 1,172 clean hits took a near tie (numerics, an info),
+        each compared with 127 other memos, about a tenth of hitproof's CPU."""
         ready = checks.fingerprint_prepare(run, self.tokens)
         mine = self._match_stored(ready, own)
         if mine.matches(self.tolerance):
             return mine, {}, "match", None
+        lead = max(checks.closer_needs(self.tokens), mine.agreeing)
+        head = [x for x, _ in ready[:lead]]
         # retired memos too: re-drawn for looking like another, their blocks still sit in the server's cache, and
         # a hit restored from them is another request's state (reference server, foreign_state beside a pair of
         # look-alikes: a hit answered with a re-drawn memo's state, named by no live memo, was excused as a
         # deviation no re-hit repeated)
         others = {fp.memo: self._match_stored(ready, fp) for fp in self._by_prompt.values()
-                  if fp.task == own.task and fp.memo != own.memo}
+                  if fp.task == own.task and fp.memo != own.memo and self._leads_with(fp, head, lead)}
         verdict, owner = checks.classify_fingerprint(mine, others, self.tolerance, self.tokens)
         return mine, others, verdict, owner
 

@@ -120,12 +120,12 @@ def record_main(bodies: Path, hitproof_argv: list[str]) -> int:
             entry["body"] = made              # the bytes sent, as they are: decoded after the run (no second encoding)
         return made
 
-    async def stream_noting(self, spec, on_text=None):
+    async def stream_noting(self, spec, *args, **kwargs):
         entry = {"request": current.get(), "order": len(kept)}
         kept.append(entry)
         token = sending.set(entry)
         try:
-            completion = await stream(self, spec, on_text)
+            completion = await stream(self, spec, *args, **kwargs)
         finally:
             sending.reset(token)
         entry["ttft"] = completion.ttft_s

@@ -78,7 +78,7 @@ from tui.core.checks.detectors import (SPIKE_FACTOR, compare_logprobs, find_repe
 from tui.core.log.events import (FingerprintCompared, Finding, MetricsSample, PhaseFinished, RequestFinished,  # noqa: E402
                                  RequestStarted, RunFinished, RunHeader)
 from tui.core.log.metric_names import LLAMA_CACHED, PREFIX_HITS  # noqa: E402
-from tui.core.log.recorder import read_log  # noqa: E402
+from tui.core.log.reader import read_log  # noqa: E402
 from tui.core.soak.judge import DEFAULT_ALARM_RATE  # noqa: E402
 from tui.core.soak.proof import quantum  # noqa: E402
 from tui.core.soak.twin_judge import RESUME_FACTOR, YARDSTICK_FRACTION  # noqa: E402

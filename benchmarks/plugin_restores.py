@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tui.core.log.recorder import iter_log  # noqa: E402
+from tui.core.log.reader import iter_log  # noqa: E402
 
 LINE = re.compile(r"hitproof-fault (\w+): request cmpl-(hitproof-[a-z]+-\d+)-\S* restored at token (\d+): (.*)")
 SOURCE = re.compile(r"state of token (\d+)")

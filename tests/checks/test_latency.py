@@ -19,7 +19,7 @@ from tui.app.widgets import TTFT_STYLE, TtftHistogram, ttft_histogram
 from tui.core.log.events import PhaseFinished, PhaseStarted, RequestFinished, RequestStarted, RunFinished, RunHeader
 from tui.core.report.formats import to_markdown
 from tui.core.report.latency import LatencyFold, distribution, histogram, percentile, table_lines
-from tui.core.log.recorder import iter_log
+from tui.core.log.reader import iter_log
 from tui.core.report.report import FED_TYPES, RunReport
 from tui.headless import report_text
 

@@ -20,7 +20,8 @@ import pytest
 from support.cli import ROOT, hitproof_argv, run_hitproof, scenario
 from tui.core.config.errors import EXIT_LOG, LogWriteError
 from tui.core.log.events import RunHeader, ServerLog
-from tui.core.log.recorder import Recorder, check_writable, iter_log
+from tui.core.log.recorder import Recorder, check_writable
+from tui.core.log.reader import iter_log
 
 REFSERVER = f"{sys.executable} -m tui.refserver --port {{port}}"
 SMALL = """

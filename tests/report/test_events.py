@@ -7,7 +7,8 @@ import pytest
 
 from tui.core.config.errors import BadInput
 from tui.core.log.events import (SCHEMA_VERSION, EventBus, Finding, RequestFinished, RunHeader, decode, encode)
-from tui.core.log.recorder import Recorder, read_log
+from tui.core.log.recorder import Recorder
+from tui.core.log.reader import read_log
 
 
 def test_round_trip_keeps_fields():
@@ -48,34 +49,62 @@ async def test_recorder_flushes_each_event(tmp_path):
 
 
 async def test_recorder_writes_a_lone_event_at_once_and_batches_a_burst(tmp_path, monkeypatch):
-    """One hop to the file's thread per batch: a burst right after a write waits up to LINGER for its
-    batch (here long, so the wait is seen), a lone event does not wait, and close() writes what waits."""
+    """One write per batch, by the recorder's own thread: a burst right after a write waits up to LINGER
+    for its batch (here long, so the wait is seen), a lone event does not wait, and close() writes what
+    waits."""
     import asyncio
     monkeypatch.setattr(Recorder, "LINGER", 30.0)
     path = tmp_path / "run.jsonl"
     rec = Recorder(path)
     await rec.start()
-    hops = []
-    flush = rec._flush
+    batches = []
+    write = rec._write_batch
 
-    async def counted(lines):
-        hops.append(len(lines))
-        await flush(lines)
-    rec._flush = counted
+    def counted(lines):
+        batches.append(len(lines))
+        write(lines)
+    rec._write_batch = counted
     rec(RunHeader(run_id="r1"))
     for _ in range(100):                                 # the lone first event: written without waiting
         await asyncio.sleep(0.01)
         if path.read_bytes().count(b"\n") == 1:
             break
-    assert hops == [1]
+    assert batches == [1]
     for request in range(1, 6):                          # a burst within LINGER of that write: waits
         rec(RequestFinished(request=request))
         await asyncio.sleep(0.02)
-    assert path.read_bytes().count(b"\n") == 1 and hops == [1]
+    assert path.read_bytes().count(b"\n") == 1 and batches == [1]
     closing = time.monotonic()
     await rec.close()                                    # ... and is written, one batch, at close
     assert time.monotonic() - closing < 10               # without waiting LINGER out
-    assert hops == [1, 5] and [e.request for e in read_log(path).events[1:]] == [1, 2, 3, 4, 5]
+    assert batches == [1, 5] and [e.request for e in read_log(path).events[1:]] == [1, 2, 3, 4, 5]
+
+
+async def test_recorder_puts_no_work_on_the_event_loop_per_batch(tmp_path):
+    """The writer thread takes the lines: while events are written, the loop runs no callback for them (it
+    ran two a batch through run_in_executor: the future's and the self-pipe's); the thread's end is heard
+    once, at close() (then aiofiles closes the file through the executor)."""
+    import asyncio
+    path = tmp_path / "run.jsonl"
+    rec = Recorder(path)
+    await rec.start()
+    loop = asyncio.get_running_loop()
+    called = []
+    threadsafe = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *args, **kw: (called.append(args[0]), threadsafe(*args, **kw))[1]
+    try:
+        for request in range(1, 41):
+            rec(RequestFinished(request=request))
+            await asyncio.sleep(0.002)
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if path.read_bytes().count(b"\n") == 40:
+                break
+        assert path.read_bytes().count(b"\n") == 40 and called == []
+        await rec.close()
+    finally:
+        del loop.call_soon_threadsafe
+    assert called[0] == rec._writer_ended and called.count(rec._writer_ended) == 1 and rec.written == 40
 
 
 def _write(path, *events, tail=""):
@@ -122,16 +151,16 @@ def _recorded(path, events, tail=""):
 def test_reading_only_some_types_matches_filtering_the_full_read(tmp_path, monkeypatch):
     """`only` skips other lines unparsed (a C-level scan per block); across small blocks the
     events, their order and the line numbers in warnings are those of the full read."""
-    import tui.core.log.recorder as recorder
+    import tui.core.log.reader as reader
     from tui.core.log.events import AnswerDelta, MetricsSample, RequestStarted
-    from tui.core.log.recorder import iter_log
+    from tui.core.log.reader import iter_log
     events = [RunHeader(seq=1)]
     for i in range(60):
         events += [RequestStarted(seq=0, request=i, phase="p"), AnswerDelta(request=i, text="x" * (i % 7)),
                    MetricsSample(values={"a": float(i)}), RequestFinished(request=i, text="ok")]
     path = tmp_path / "log.jsonl"
     _recorded(path, events, tail='{"type":"request_end","request":9')
-    monkeypatch.setattr(recorder, "_READ_BLOCK", 301)          # many blocks, lines cut across them
+    monkeypatch.setattr(reader, "_READ_BLOCK", 301)          # many blocks, lines cut across them
     wanted = {"header", "request_start", "request_end"}
     full_warnings, only_warnings = [], []
     full = [e for e in iter_log(path, full_warnings) if e.type in wanted]
@@ -141,7 +170,8 @@ def test_reading_only_some_types_matches_filtering_the_full_read(tmp_path, monke
 
 
 def test_reading_only_some_types_still_stops_at_a_damaged_line(tmp_path):
-    from tui.core.log.recorder import encode_line, iter_log
+    from tui.core.log.recorder import encode_line
+    from tui.core.log.reader import iter_log
     for damaged in ('{"type":"finding","se', "garbage that is no event"):
         path = tmp_path / "mid.jsonl"
         path.write_bytes(encode_line(RunHeader(seq=1)) + encode_line(Finding(seq=2, kind="x"))

@@ -13,7 +13,7 @@ from tui.core.log.events import (Finding, IsolationFinished, PhaseFinished, Phas
 from tui.core.report.formats import to_junit, to_markdown
 from tui.headless import report_text as to_text
 from tui.core.report.power import power_json, power_line
-from tui.core.log.recorder import read_log
+from tui.core.log.reader import read_log
 from tui.core.report.report import RunReport
 from tui.core.config.scenario import parse_scenario
 from tui.refserver import start_refserver

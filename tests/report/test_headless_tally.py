@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tui.core.log.recorder import decode_line
+from tui.core.log.reader import decode_line
 from tui.core.report.report import RunReport
 from tui.headless import HeadlessConsole
 

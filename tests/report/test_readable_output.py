@@ -25,7 +25,7 @@ from tui.app.app import build_app
 from tui.app.replay import ReplaySource
 from tui.app.screens import IsolationProgress, RequestDetail
 from tui.core.log.events import EVENT_TYPES
-from tui.core.log.recorder import iter_log
+from tui.core.log.reader import iter_log
 from tui.core.report.report import RunReport
 from tui.headless import summary_renderable
 

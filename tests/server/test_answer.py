@@ -56,6 +56,23 @@ def test_a_listener_gets_the_text_at_most_every_interval_and_the_end_is_the_comp
     assert result.text == " w0 w1 w2 w3 w4 w5" and reader.done
 
 
+def test_a_slower_pace_holds_the_reads_longer_and_tells_the_listener_less_often():
+    """A headless run's pace (tui.headless.LIVE_TEXT_UNWATCHED: 1 s): the same reads as at the app's pace
+    give the listener only the first text, and the reader holds later reads until a second after it."""
+    pieces = [b"data: " + json.dumps(chunk(f" w{i}")).encode() + b"\n\n" for i in range(6)] + [b"data: [DONE]\n\n"]
+    step = TEXT_EVERY_NS // 2
+    arrivals = [(i + 1) * step for i in range(6)] + [6 * step + 1]
+    seen = []
+    result = Completion()
+    reader = AnswerReader(result, False, seen.append, 10 * TEXT_EVERY_NS)
+    for raw, arrived in zip(pieces, arrivals):
+        reader.feed(raw, arrived, 0)
+        if result.ttft_s is not None:
+            assert reader.hold_until() == step + 10 * TEXT_EVERY_NS       # a second after the first text
+    reader.finish()
+    assert seen == [" w0"] and result.text == " w0 w1 w2 w3 w4 w5" and reader.done
+
+
 @pytest.mark.parametrize("cut", [1, 3, 7, 64])
 def test_the_same_answer_however_the_body_is_cut(cut):
     body = sse(chunk(" a", logprob=-1.0), chunk(" b", logprob=-2.0), chunk(" c", "stop", logprob=-3.0),

@@ -17,7 +17,8 @@ from tui.core.server.client import OpenAIClient, RequestSpec, StreamError
 from tui.core.config.errors import BadInput, HitproofError
 from tui.core.log.events import Finding, RequestFinished, RunFinished, RunHeader
 from tui.core.server.profiles import parse_profile
-from tui.core.log.recorder import encode_line, iter_log, read_log
+from tui.core.log.recorder import encode_line
+from tui.core.log.reader import iter_log, read_log
 from tui.core.config.scenario import parse_scenario
 from tui.core.server.sse import SSEDecoder
 

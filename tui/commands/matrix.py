@@ -39,7 +39,7 @@ def _matrix(args, console: Console, err: Console, argv: list[str]) -> int:
 
     from ..core.server.profiles import load_profile, resolve_profile_path
     from ..core.soak.hooks import RunHooks
-    from ..headless import STATUS_STYLE, HeadlessConsole, StartupLines
+    from ..headless import LIVE_TEXT_UNWATCHED, STATUS_STYLE, HeadlessConsole, StartupLines
     from ..matrix import RESULT, check_names, row_line, run_matrix
 
     # Everything is validated before anything is launched: a bad profile or scenario is exit 2.
@@ -70,7 +70,7 @@ def _matrix(args, console: Console, err: Console, argv: list[str]) -> int:
 
         # without a terminal, a start-up line only when it changes
         return RunHooks(listeners=[consoles[-1]], progress=StartupLines(err, profile.name),
-                        echo=echo if args.verbose else None)
+                        echo=echo if args.verbose else None, live_text_every=LIVE_TEXT_UNWATCHED)
 
     def on_row(index: int, row: dict) -> None:
         if consoles:

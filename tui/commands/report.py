@@ -29,7 +29,7 @@ def run(args) -> int:
 
 def _report(args, console: Console) -> int:
     from ..core.report.formats import incident_text, to_json, to_junit, to_markdown
-    from ..core.log.recorder import iter_log
+    from ..core.log.reader import iter_log
     from ..core.report.report import FED_TYPES, RunReport
     from ..headless import report_text
 

@@ -110,13 +110,14 @@ def _run(args, console: Console, err: Console, argv: list[str]) -> int:
 
     if not args.headless:
         return _run_app(start, record, err)
-    from ..headless import StartupLines
+    from ..headless import LIVE_TEXT_UNWATCHED, StartupLines
 
     def echo(line: str) -> None:       # --verbose: the launched server's output as it comes
         err.print(f"[{label} log] {line}", style="grey50", markup=False, highlight=False)
 
     # without a terminal, a start-up line only when it changes
-    return _run_headless(start, RunHooks(progress=StartupLines(err, label), echo=echo if args.verbose else None),
+    return _run_headless(start, RunHooks(progress=StartupLines(err, label), echo=echo if args.verbose else None,
+                                         live_text_every=LIVE_TEXT_UNWATCHED),
                          record, console, err, verbose=args.verbose)
 
 

@@ -125,7 +125,7 @@ class RequestStarted(Event):
 class AnswerDelta(Event):
     type: ClassVar[str] = "delta"
     request: int = 0
-    text: str = ""              # coalesced text since the previous delta (one per 0.1 s at most; the rest: request_end)
+    text: str = ""              # coalesced text since the previous delta (0.1 s apart or more in the app, 1 s headless; the rest: request_end)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from ..config.errors import BadInput
 from .events import DecodeError, Event, RunHeader
-from .recorder import HEADER_LIMIT, decode_line, header_of
+from .reader import HEADER_LIMIT, decode_line, header_of
 
 # Lines whose kind matters for navigation; the prefix is how the recorder writes them.
 MARK_TYPES = ("finding", "phase_start", "phase_end", "run_end", "isolation_end")

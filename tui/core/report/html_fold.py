@@ -115,7 +115,7 @@ def read_log(path: str | Path, warnings: list[str] | None = None,
              window: int = TEXT_WINDOW) -> tuple[RunReport, HtmlFold]:
     """One pass for the report and the fold; a second, over request ends only, when a finding
     names a request that had left the answer window (rare: findings follow their request)."""
-    from ..log.recorder import iter_log
+    from ..log.reader import iter_log
 
     report, fold = RunReport(), HtmlFold(window)
     for event in iter_log(path, warnings, only=READ_TYPES):

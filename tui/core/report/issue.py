@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config.errors import BadInput
 from ..log.events import Finding
-from ..log.recorder import iter_log
+from ..log.reader import iter_log
 from . import fmt
 from .incident import incident_rows
 from .report import FED_TYPES, RunReport

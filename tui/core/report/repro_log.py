@@ -15,7 +15,7 @@ from typing import Any
 
 from ..log.events import (Finding, MemoPlanted, PhaseFinished, RequestFinished, RequestStarted, RunHeader,
                           ServerInfo)
-from ..log.recorder import iter_log
+from ..log.reader import iter_log
 
 _TYPES = ("header", "server", "memo", "request_start", "request_end", "finding", "phase_end")
 

@@ -2,7 +2,7 @@
 
 The reads before the first text are parsed as they come: the time to first token is the arrival of the
 first read that carries text. After it, reads are kept as bytes and parsed together: when the stream ends,
-and at most every TEXT_EVERY seconds of arrivals for a listener that shows the text as it streams. A
+and at most every `every_ns` of arrivals for a listener that shows the text as it streams. A
 server sends one chunk (one read) per token; parsing them one by one cost about 5 us a read in the
 decoder's and the chunk reader's calls (issue 34: hitproof's CPU per request against a raw client's).
 What is parsed, and every error it raises, is the same either way; an error in a later chunk is raised
@@ -20,7 +20,7 @@ from ..config.errors import ServerProblem
 from .sse import Event, SSEDecoder
 from .wire import Completion, _cached_tokens, _error_text, parse_logprobs
 
-TEXT_EVERY_NS = 100_000_000        # 0.1 s: the live text's pace (the soak's answer deltas keep the same)
+TEXT_EVERY_NS = 100_000_000        # 0.1 s: the live text's pace in the app (the soak's answer deltas keep the same)
 NEVER = 1 << 62                    # perf_counter_ns no run reaches
 
 
@@ -30,15 +30,17 @@ class StreamError(ServerProblem):
 
 class AnswerReader:
     """feed(read, arrival ns) per network read, then finish(). `on_text` gets the text as it streams (the
-    first text at once, then what came at most every TEXT_EVERY_NS); the text parsed at the end goes only
+    first text at once, then what came at most every `every_ns`); the text parsed at the end goes only
     into the Completion, whose `text` holds all of it."""
 
-    __slots__ = ("result", "chat", "on_text", "decoder", "parts", "pending", "done", "texted")
+    __slots__ = ("result", "chat", "on_text", "every_ns", "decoder", "parts", "pending", "done", "texted")
 
-    def __init__(self, result: Completion, chat: bool, on_text: Callable[[str], None] | None):
+    def __init__(self, result: Completion, chat: bool, on_text: Callable[[str], None] | None,
+                 every_ns: int = TEXT_EVERY_NS):
         self.result = result
         self.chat = chat
         self.on_text = on_text
+        self.every_ns = every_ns
         self.decoder = SSEDecoder()
         self.parts: list[str] = []
         self.pending: list[bytes] = []     # reads after the first text, not parsed yet
@@ -52,7 +54,7 @@ class AnswerReader:
             result.first_byte_s = (arrived - started) / 1e9
         if result.ttft_s is not None:
             self.pending.append(raw)
-            if self.on_text is not None and arrived - self.texted >= TEXT_EVERY_NS:
+            if self.on_text is not None and arrived - self.texted >= self.every_ns:
                 self._tell(self._take(self.decoder.feed(b"".join(self.pending))), arrived)
             return
         text = self._take(self.decoder.feed(raw))
@@ -66,7 +68,7 @@ class AnswerReader:
         listener (the whole rest at the body's end)."""
         if self.result.ttft_s is None:
             return None
-        return self.texted + TEXT_EVERY_NS if self.on_text is not None else NEVER
+        return self.texted + self.every_ns if self.on_text is not None else NEVER
 
     def finish(self) -> None:
         """The body ended: what is left, and a last event without its blank line (see SSEDecoder.close)."""

@@ -17,7 +17,7 @@ import httpx
 import orjson
 
 from ..config.errors import ServerProblem
-from .answer import AnswerReader, StreamError
+from .answer import TEXT_EVERY_NS, AnswerReader, StreamError
 from .wire import (MAX_RETRIES, RETRY_CAP, RETRY_STATUSES, Completion, RequestSpec,  # noqa: F401
                    _describe, _error_text, _json_bytes, retry_delay)
 from .transport import (CLOCK, FRESH_STREAM_EXTENSIONS, JSON_HEADERS, NO_SELECTOR, SSE, STREAM_EXTENSIONS,
@@ -213,20 +213,22 @@ class OpenAIClient:
                 body["cache_salt"] = spec.salt
         return body
 
-    async def stream(self, spec: RequestSpec, on_text: Callable[[str], None] | None = None) -> Completion:
-        """One answer. A server that refuses it for now (HTTP 429 or 503) is asked again after the
-        delay its Retry-After gives (else 1, 2, 4 ... s), each delay capped at retry_cap, at most
-        max_retries times; then it is a ServerProblem."""
+    async def stream(self, spec: RequestSpec, on_text: Callable[[str], None] | None = None,
+                     text_every: float = TEXT_EVERY_NS / 1e9) -> Completion:
+        """One answer; `on_text` gets its text as it streams, at most every `text_every` seconds. A server
+        that refuses it for now (HTTP 429 or 503) is asked again after the delay its Retry-After gives
+        (else 1, 2, 4 ... s), each delay capped at retry_cap, at most max_retries times; then it is a
+        ServerProblem."""
         waited: list[float] = []
         while True:
             try:
                 try:
-                    return await self._stream(spec, on_text)
+                    return await self._stream(spec, on_text, text_every=text_every)
                 except _Unanswered:
                     # A kept-alive connection the server had already closed (llama-server closes idle
                     # ones after 5 s): nothing was sent back, so the request never ran. Send it once more.
                     try:
-                        return await self._stream(spec, on_text, fresh=True)
+                        return await self._stream(spec, on_text, fresh=True, text_every=text_every)
                     except _Unanswered as again:
                         raise StreamError(f"{again} (twice: the request was sent again on a new connection)") \
                             from None
@@ -242,12 +244,12 @@ class OpenAIClient:
                 await asyncio.sleep(delay)
 
     async def _stream(self, spec: RequestSpec, on_text: Callable[[str], None] | None = None,
-                      fresh: bool = False) -> Completion:
+                      fresh: bool = False, text_every: float = TEXT_EVERY_NS / 1e9) -> Completion:
         path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
         result = Completion()
         content = _json_bytes(self.body(spec))
         started = time.perf_counter_ns()
-        reader = AnswerReader(result, spec.api == "chat", on_text)
+        reader = AnswerReader(result, spec.api == "chat", on_text, int(text_every * 1e9))
         feed = reader.feed
         answered = False
         try:

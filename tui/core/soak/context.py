@@ -14,6 +14,7 @@ from ..report.power import EvidenceTally
 from ..server.client import OpenAIClient
 from ..server.metrics import MetricSnapshot
 from ..server.replicas import ClusterSnapshot, ReplicaSet
+from .record import DELTA_INTERVAL
 
 
 @dataclass
@@ -37,3 +38,4 @@ class SoakContext:
     replica_scrape: Callable[[], Awaitable[ClusterSnapshot]] | None = None
     restart_replica: Callable[[int], Awaitable[None]] | None = None
     slot_dir: str | None = None
+    live_text_every: float = DELTA_INTERVAL                  # seconds between a streaming answer's deltas

@@ -20,6 +20,7 @@ from .phases import PHASES
 from ..report.power import EvidenceTally, hits_needed, target_sentence, upper_bound
 from .context import SoakContext
 from .header import run_header
+from .record import DELTA_INTERVAL
 from .requester import Requester
 from .state import PhaseState
 from ..config.scenario import Scenario
@@ -65,12 +66,12 @@ class Outcome:
 
 class SoakEngine:
     def __init__(self, scenario: Scenario, target: Target, bus: EventBus, *, argv: list[str] | None = None,
-                 metrics_interval: float = 1.0, isolate: bool = False):
+                 metrics_interval: float = 1.0, isolate: bool = False, live_text_every: float = DELTA_INTERVAL):
         self.scenario = scenario
         self.target = target
         self.bus = bus
         self.argv = argv or sys.argv
-        self.metrics_interval = metrics_interval
+        self.metrics_interval, self.live_text_every = metrics_interval, live_text_every
         self.nonce = new_nonce()
         self.registry = Registry()
         # Codes differ from run to run (seeded by the nonce): a state leaking in from an earlier
@@ -230,8 +231,7 @@ class SoakEngine:
                               evidence=evidence or {}))
         if self.phase_states and not self.phase_states[-1].finished:
             state = self.phase_states[-1]
-            state.finished = True
-            self._running = None
+            self._finish_phase(state)
             self.emit(PhaseFinished(phase=state.name, status="fail" if finding else "inconclusive",
                                     reasons=[message], summary=state.summary()))
         self.emit(RunFinished(verdict=verdict, exit_code=code, message=message))
@@ -251,7 +251,7 @@ class SoakEngine:
             replicas=self.cluster.set if self.cluster else None,
             replica_scrape=self.cluster.scrape if self.cluster else None,
             restart_replica=self.cluster.restart if self.cluster and self.cluster.can_restart else None,
-            slot_dir=self.target.slot_dir), counter)
+            slot_dir=self.target.slot_dir, live_text_every=self.live_text_every), counter)
         fix = info.cached_fix if info.cached_report != "request" else ""
         sampler = asyncio.create_task(self._sample_metrics(), name="metrics") if self.metrics_available else None
         try:

@@ -11,6 +11,7 @@ from ..log.events import Event
 from ..server.launch import ServerProcess
 from .control import SoakControl
 from .engine import Outcome, SoakEngine
+from .record import DELTA_INTERVAL
 
 Listener = Callable[[Event], None]
 AfterRun = Callable[[SoakEngine, Outcome], Awaitable[None]]
@@ -34,3 +35,6 @@ class RunHooks:
     after_run: AfterRun | None = None
     # a launched single server once its process started (its pid, its last lines when it failed)
     on_server: Callable[[ServerProcess], None] | None = None
+    # seconds between a streaming answer's text deltas (AnswerDelta): the app shows them as they come; a run
+    # nobody watches records them at LIVE_TEXT_UNWATCHED (tui.headless)
+    live_text_every: float = DELTA_INTERVAL

@@ -21,19 +21,20 @@ from ..evidence.codes import Registry
 from ..log.events import Event, ServerInfo
 from .proof import UNKNOWN, CacheProof
 
-DELTA_INTERVAL = 0.1          # seconds between coalesced answer deltas per request
+DELTA_INTERVAL = 0.1          # seconds between coalesced answer deltas per request, in the app
 
 
 class DeltaCoalescer:
-    """The answer text as it streams, emitted as AnswerDelta events at most every DELTA_INTERVAL
-    seconds per request (the UI never gets one event per token). Call it with each piece of text. What
-    is left when the stream ends is not emitted: the request's RequestFinished holds the whole text."""
+    """The answer text as it streams, emitted as AnswerDelta events at most every `every` seconds per
+    request (the UI never gets one event per token). Call it with each piece of text. What is left when
+    the stream ends is not emitted: the request's RequestFinished holds the whole text."""
 
-    __slots__ = ("emit", "request", "pending", "last")
+    __slots__ = ("emit", "request", "every", "pending", "last")
 
-    def __init__(self, emit, request: int):
+    def __init__(self, emit, request: int, every: float = DELTA_INTERVAL):
         self.emit = emit
         self.request = request
+        self.every = every
         self.pending: list[str] = []
         self.last = time.monotonic()
 
@@ -41,7 +42,7 @@ class DeltaCoalescer:
         pending = self.pending
         pending.append(text)
         now = time.monotonic()
-        if now - self.last >= DELTA_INTERVAL:
+        if now - self.last >= self.every:
             self.emit(AnswerDelta(request=self.request, text="".join(pending)))
             pending.clear()
             self.last = now

@@ -234,7 +234,7 @@ class Requester:
                             expect=expect, prompt_chars=spec.prompt_chars(), prompt_tail=tail,
                             max_tokens=spec.max_tokens, request_id=spec.request_id,
                             identity=label_of(spec.model, spec.extra, self.server.model, self.server.adapters)))
-        on_text = DeltaCoalescer(emit, index)
+        on_text = DeltaCoalescer(emit, index, self.ctx.live_text_every)
         tolerance = await self.cold_tolerance.of(spec)
         sent_at = time.monotonic()
         window = await self.windows.enter() if self.windows is not None else None
@@ -243,7 +243,7 @@ class Requester:
         rwindow = await self.replica_windows.enter() if self.replica_windows is not None and not direct else None
         client = self.replicas.clients[replica] if direct else self.ctx.client
         try:
-            completion = await client.stream(spec, on_text)
+            completion = await client.stream(spec, on_text, on_text.every)
         except ServerProblem as exc:                 # one line naming the request: "request 12 (rotation): ..."
             self._abandon(window, rwindow)
             where = f", sent to {self.replicas.label(replica)}" if direct else ""

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 TOP = 40
+BLOCKING = ("poll", "select", "'acquire' of '_thread.lock'", "'get' of '_queue.SimpleQueue'")
 
 
 def profile(hitproof_argv: list[str], prof: Path) -> tuple[int, dict]:
@@ -72,7 +73,10 @@ def where(filename: str) -> str:
 
 def summary(prof: Path, window: dict) -> str:
     stats = pstats.Stats(str(prof)).stats
-    waits = {key for key in stats if key[0] == "~" and ("poll" in key[2] or "select" in key[2])}
+    # the loop's waits, and the log thread's (since 2823eb2 it writes from a thread of its own, which cProfile
+    # sees too here: its blocking get and its lock waits are no CPU)
+    waits = {key for key in stats if (key[0] == "~" and any(w in key[2] for w in BLOCKING))
+             or (key[0].endswith("threading.py") and key[2] == "wait")}
     total = sum(v[2] for key, v in stats.items() if key not in waits)
     by_place: collections.Counter = collections.Counter()
     for key, (_, _, own, _, _) in stats.items():

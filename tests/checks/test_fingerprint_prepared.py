@@ -81,3 +81,36 @@ def test_compare_leaves_out_only_memos_that_cannot_be_closer():
             assert all(every[memo] == m for memo, m in others.items())
             seen.add(verdict)
     assert seen == {"match", "mismatch", "foreign_state"}
+
+
+def test_distinct_tells_different_tokens_apart_without_values_and_equals_its_definition():
+    """distinct(a, b) skips the comparison when the chosen tokens differ; it stays what it was: not (the same
+    tokens and values within tolerance + margin), on random books where alike pairs occur."""
+    rng = random.Random(11)
+    seen = set()
+    for _ in range(200):
+        tokens = rng.randint(2, 10)
+        book = FingerprintBook(tokens=tokens, tolerance=0.05)
+        stem = run(rng, tokens)
+        fps = []
+        for i in range(rng.randint(2, 8)):
+            if rng.random() < 0.4:                  # the stem's tokens, values moved a little or a lot
+                lp = [list(x) for x in stem]
+                for x in lp:
+                    if x[1] is not None:
+                        x[1] = round(x[1] + rng.choice([0.0, 0.01, 0.3]), 3)
+            else:
+                lp = [list(x) for x in stem[:rng.randint(0, tokens)]] + run(rng, tokens)
+            fps.append(Fingerprint(memo=f"m{i}", task="recall", request=i, logprobs=lp[:tokens]))
+        for i, fp in enumerate(fps):
+            alike = book.add(f"k{i}", fp)
+            expected = []
+            for other in fps[:i]:
+                m = fingerprint_match(fp.logprobs, other.logprobs, tokens)
+                is_distinct = not (m.same_tokens and m.distance <= book.tolerance + book.margin)
+                assert book.distinct(fp, other) is is_distinct and book.distinct(other, fp) is is_distinct
+                seen.add(is_distinct)
+                if not is_distinct:
+                    expected.append(other)
+            assert alike == expected
+    assert seen == {True, False}

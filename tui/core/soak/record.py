@@ -14,6 +14,7 @@ import orjson
 
 from ..evidence.memos import Memo
 from ..log.events import AnswerDelta
+from ..server.answer import TEXT_EVERY_NS
 from ..server.client import Completion, RequestSpec
 from ..checks.answers import ALL_JUDGES
 from ..config.scenario import Scenario
@@ -21,7 +22,7 @@ from ..evidence.codes import Registry
 from ..log.events import Event, ServerInfo
 from .proof import UNKNOWN, CacheProof
 
-DELTA_INTERVAL = 0.1          # seconds between coalesced answer deltas per request, in the app
+DELTA_INTERVAL = TEXT_EVERY_NS / 1e9   # seconds between coalesced answer deltas per request, in the app (the reader's)
 
 
 class DeltaCoalescer:

@@ -64,9 +64,8 @@ class FingerprintBook:
         # Made once per stored fingerprint and once per pair (issue 34: at 128 slots a round of cold runs
         # compares every memo with every other, and a phase asks again which pairs are alike): the list
         # is kept beside its entries so that its id cannot be reused while the entry lives.
-        self._prepared: dict[int, tuple[list, tuple]] = {}
+        self._prepared: dict[int, tuple[list, tuple, tuple]] = {}   # id -> (logprobs, prepared, chosen tokens)
         self._pairs: dict[tuple[int, int], FingerprintMatch] = {}
-        self._tokens: dict[int, tuple[list, tuple]] = {}     # id(logprobs) -> (logprobs, chosen tokens)
         self._told: dict[tuple[str, str], bool] = {}     # (memo, task) -> told apart from all; cleared on add, retire
 
     def get(self, key: str) -> Fingerprint | None:
@@ -82,11 +81,15 @@ class FingerprintBook:
         return checks.prepared_match(checks.fingerprint_prepare(a, self.tokens),
                                      checks.fingerprint_prepare(b, self.tokens))
 
-    def _ready(self, logprobs: list[list]) -> tuple:
+    def _kept(self, logprobs: list[list]) -> tuple[list, tuple, tuple]:
         kept = self._prepared.get(id(logprobs))
         if kept is None or kept[0] is not logprobs:
-            kept = self._prepared[id(logprobs)] = (logprobs, checks.fingerprint_prepare(logprobs, self.tokens))
-        return kept[1]
+            ready = checks.fingerprint_prepare(logprobs, self.tokens)
+            kept = self._prepared[id(logprobs)] = (logprobs, ready, tuple(x for x, _ in ready))
+        return kept
+
+    def _ready(self, logprobs: list[list]) -> tuple:
+        return self._kept(logprobs)[1]
 
     def _match_stored(self, run: tuple, fp: Fingerprint) -> FingerprintMatch:
         """match(run, fp.logprobs), with the stored side read once (`run` prepared by the caller)."""
@@ -118,11 +121,8 @@ class FingerprintBook:
         return not (m.same_tokens and m.distance <= self.tolerance + self.margin)
 
     def _chosen(self, logprobs: list[list]) -> tuple:
-        """The chosen tokens of a stored fingerprint's first `tokens` positions, made once."""
-        kept = self._tokens.get(id(logprobs))
-        if kept is None or kept[0] is not logprobs:
-            kept = self._tokens[id(logprobs)] = (logprobs, tuple(x for x, _ in self._ready(logprobs)))
-        return kept[1]
+        """The chosen tokens of a stored fingerprint's first `tokens` positions, kept beside its prepared form."""
+        return self._kept(logprobs)[2]
 
     def add(self, key: str, fingerprint: Fingerprint) -> list[Fingerprint]:
         """Store a cold fingerprint; the live fingerprints of other memos (same question) it is not

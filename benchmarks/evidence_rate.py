@@ -28,7 +28,10 @@ hitproof's client, what the raw client adds is HTTP and the front end alone.
 The replay: every request of B (plus the one cache-report probe hitproof sends before its first phase,
 which is not in the log but is in the server's histogram) is sent once, in B's order. A request waits
 for exactly the requests that had finished before it started in B: the slots of a round go together,
-the rest one after another, as in B. The run's nonce in every body (memo headers, cache salts) is
+the rest one after another, as in B. Rotation's rounds after the cold one have no barrier in hitproof
+(a slot waits for its own last request and its memo's): there a request waits for every request
+started before those rounds and for the last one of its slot and of its memo that had finished before
+it started, not for others that merely happened to finish first. The run's nonce in every body (memo headers, cache salts) is
 replaced by a fresh one of the same length, so the replay's prompts are new to the cache and its
 cold/hit pattern is B's (checked: the usage chunk's cached_tokens, both counts reported). The raw
 client builds every request's bytes before its clock starts, takes the first network read carrying a
@@ -249,6 +252,16 @@ async def replay(plan: dict) -> dict:
         mine, before = set(r["deps"]), set(reqs[i - 1]["deps"]) if i else set()
         chained = bool(i) and before <= mine
         waits.append((chained, sorted(mine - before) if chained else list(r["deps"])))
+    # "after": every request before that index has ended (a barrier-free round's start, build_plan)
+    prefix = {"ended": 0, "events": {r["after"]: asyncio.Event() for r in reqs if r.get("after")}}
+
+    def advance() -> None:
+        while prefix["ended"] < len(reqs) and done[prefix["ended"]].is_set():
+            prefix["ended"] += 1
+        for after, event in prefix["events"].items():
+            if after <= prefix["ended"]:
+                event.set()
+
     results: list[dict] = [{} for _ in reqs]
     pool = Pool(port)
     await pool.fill(max(1, plan.get("max_in_flight", 1)))
@@ -256,6 +269,8 @@ async def replay(plan: dict) -> dict:
 
     async def one(i: int) -> None:
         chained, deps = waits[i]
+        if reqs[i].get("after"):
+            await prefix["events"][reqs[i]["after"]].wait()
         if chained:
             await ready[i - 1].wait()
         for j in deps:
@@ -263,12 +278,16 @@ async def replay(plan: dict) -> dict:
         ready[i].set()
         state["in_flight"] += 1
         state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
+        began = time.monotonic()
         try:
             results[i] = await raw_one(pool, wire[i])
         except (OSError, TimeoutError) as exc:
             results[i] = {"error": f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__}
+        results[i]["span"] = (began - started, time.monotonic() - started)   # for where-the-time-went tables
         state["in_flight"] -= 1
         done[i].set()
+        if prefix["events"] and i == prefix["ended"]:
+            advance()
 
     started, cpu_started = time.monotonic(), time.process_time()
     await asyncio.gather(*(one(i) for i in range(len(reqs))))
@@ -279,7 +298,7 @@ async def replay(plan: dict) -> dict:
         raw = res.pop("raw", b"")
         cached = CACHED.findall(raw)
         prompt = PROMPT.findall(raw)
-        out.append({"key": r["key"], "ttft": res.get("ttft"), "error": res.get("error"),
+        out.append({"key": r["key"], "ttft": res.get("ttft"), "error": res.get("error"), "span": res.get("span"),
                     "resent": res.get("resent", False),
                     "cached": int(cached[-1]) if cached else None, "prompt_tokens": int(prompt[-1]) if prompt else None})
     # CPU from the first request to the last one parsed (its start-up, the connections, excluded)
@@ -322,7 +341,7 @@ def read_log(path: Path) -> dict:
                 end, verdict = e["t"], e.get("verdict")
             elif t == "request_start":
                 starts[e["request"]] = {"seq": e["seq"], "phase": e["phase"], "slot": e.get("slot"),
-                                        "round": e.get("round"), "arm": e.get("arm")}
+                                        "round": e.get("round"), "arm": e.get("arm"), "memo": e.get("memo")}
                 order.append(e["request"])
             elif t == "request_end":
                 ends[e["request"]] = {"seq": e["seq"], "ttft": e.get("ttft"), "cached": e.get("cached_tokens"),
@@ -341,6 +360,11 @@ def max_in_flight(log: dict) -> int:
         now += step
         peak = max(peak, now)
     return peak
+
+
+def unbarriered(start: dict) -> bool:
+    """A request of rotation's rounds 1 on, which hitproof sends with no barrier between rounds."""
+    return start["phase"] == "rotation" and (start.get("round") or 0) >= 1
 
 
 def build_plan(log: dict, kept: list[dict], port: int, rng: random.Random) -> tuple[dict, dict]:
@@ -367,18 +391,38 @@ def build_plan(log: dict, kept: list[dict], port: int, rng: random.Random) -> tu
     requests = []
     with_nonce = 0
 
-    def add(key: str, body: str, deps: list[int]) -> None:
+    def add(key: str, body: str, deps: list[int], after: int = 0) -> None:
         nonlocal with_nonce
         with_nonce += nonce in body
-        requests.append({"key": key, "body": body.replace(nonce, fresh), "deps": deps})
+        requests.append({"key": key, "body": body.replace(nonce, fresh), "deps": deps, "after": after})
 
     for i, entry in enumerate(probes):
         add(f"probe{i}", entry["body"], list(range(i)))
     base = len(probes)
-    ends = log["ends"]
-    for i, rid in enumerate(log["order"]):
-        seq = log["starts"][rid]["seq"]
-        deps = list(range(base)) + [base + j for j, other in enumerate(log["order"][:i])
+    ends, starts, order = log["ends"], log["starts"], log["order"]
+    first = next((i for i, rid in enumerate(order) if unbarriered(starts[rid])), len(order))
+    end = next((i for i in range(first, len(order)) if starts[order[i]]["phase"] != "rotation"
+                or starts[order[i]]["arm"] == "isolation"), len(order))     # re-runs: after every phase
+    wave = [i for i in range(first, end) if starts[order[i]]["slot"] is not None]    # the phase's own slots
+    # rotation's rounds 1 on have no barrier (rotation.rotate): such a request waits for every request
+    # started before them (all had ended) and for the last request of its slot and of its memo that had
+    # ended before it started, as hitproof's own slot did; not for the others that happened to end first,
+    # or the replay would take hitproof's own pace as dependencies
+    wave_ends = sorted((ends[order[j]]["seq"], j) for j in wave if order[j] in ends)
+    ended_at, last = 0, {}
+    for i, rid in enumerate(order):
+        seq = starts[rid]["seq"]
+        if first <= i < end and starts[rid]["slot"] is not None:
+            while ended_at < len(wave_ends) and wave_ends[ended_at][0] < seq:
+                j = wave_ends[ended_at][1]
+                for key in ("slot", "memo"):
+                    if starts[order[j]][key] is not None:
+                        last[key, starts[order[j]][key]] = base + j
+                ended_at += 1
+            deps = {last[key, starts[rid][key]] for key in ("slot", "memo") if (key, starts[rid][key]) in last}
+            add(str(rid), by_request[rid]["body"], sorted(deps), after=base + first)
+            continue
+        deps = list(range(base)) + [base + j for j, other in enumerate(order[:i])
                                     if other in ends and ends[other]["seq"] < seq]
         add(str(rid), by_request[rid]["body"], deps)
     facts = {"nonce_replaced": with_nonce, "probes": len(probes), "original_max_in_flight": max_in_flight(log)}

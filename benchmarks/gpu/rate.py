@@ -13,7 +13,9 @@ Runs against any server already running (the GPU run's vLLM, the reference serve
      its CPU seconds (user + system, the process and its children) from the operating system;
   R  evidence_rate.py's raw asyncio client replaying H's request bodies (the run's nonce swapped, so its
      prompts are new to the cache and its cold/hit pattern is H's) at H's concurrency: a request waits
-     for exactly the requests that had finished before it started in H; its CPU seconds the same way.
+     for exactly the requests that had finished before it started in H (in rotation's barrier-free
+     rounds: for its slot's and its memo's last finished request, evidence_rate.build_plan); its CPU
+     seconds the same way.
 
 Printed, one `[rate]` line each: requests per second of H (logged requests over the soak's seconds, first
 phase_start to run_end) and of R (replayed requests over the replay's seconds), their ratio (the goal:

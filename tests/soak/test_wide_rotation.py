@@ -49,6 +49,15 @@ async def test_clean_server_at_16_streams_passes_with_every_slot_on_another_slot
         assert e["memo"] == first[(e["slot"] + e["round"]) % 16]
     rounds = {e["round"] for e in starts}
     assert all(sum(1 for e in starts if e["round"] == r) == 16 for r in rounds)       # every round 16 wide
+    # rounds without a barrier (rotation.rotate), yet never one memo on two slots at once, any arm
+    events = [json.loads(line) for line in open(log) if '"request_' in line[:40]]
+    memo_of = {e["request"]: e["memo"] for e in events if e["type"] == "request_start" and e["phase"] == "rotation"}
+    busy: dict[str, int] = {}
+    for e in events:
+        memo = memo_of.get(e["request"])
+        if memo is not None:
+            busy[memo] = busy.get(memo, 0) + (1 if e["type"] == "request_start" else -1)
+            assert busy[memo] <= 1, f"memo {memo} on two requests at once (request {e['request']})"
     assert report["power"]["evidence"]["fingerprint"]["checked_hits"] >= 299
 
 

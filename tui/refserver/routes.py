@@ -144,7 +144,6 @@ async def _stream(request: web.Request, pipeline: Pipeline, params: Params, adm:
                   out: Outcome, entries, tally: dict) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                        "Cache-Control": "no-cache"})
-    await resp.prepare(request)
     rid, model, created = adm.request_id, pipeline.config.model_name, int(time.time())
     decode = pipeline.config.decode_ms_per_token / 1000
 
@@ -159,6 +158,7 @@ async def _stream(request: web.Request, pipeline: Pipeline, params: Params, adm:
                                        lp.completion_format(one, offset) if one else None)
 
     try:
+        await resp.prepare(request)     # inside: a client gone before the headers is no server traceback
         if params.chat:
             await resp.write(shapes.sse(shapes.chat_chunk(rid, created, model,
                                                           {"role": "assistant", "content": ""})))

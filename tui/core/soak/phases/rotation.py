@@ -1,13 +1,15 @@
 """Phase 4: distinct memos rotate across concurrent slots (slot s gets memo (s + r) mod n in round r).
 
 Every slot lands on blocks another slot wrote a round earlier, and every memo has its own
-code, so a code from another memo in an answer is unambiguous. With a power target the phase
+code, so a code from another memo in an answer is unambiguous. Round 0 (cold) goes all at once; the
+rounds after it have no barrier, and a memo is never on two slots at once (rotate() below). With a power target the phase
 keeps rotating after its planned rounds until the run has checked enough hits to rule the
 target rate out, or its time budget is spent (the run then says by how much it fell short).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass
 import time
@@ -137,6 +139,58 @@ async def redraw_alike(rq, state, memos: list, one) -> None:
         rq.note_indistinct(state, a, b, state.last)
 
 
+async def rotate(rq, state, memos: list, one, planned: int, stop) -> tuple[int, str]:
+    """Rounds 1 on, with no barrier between them: slot s asks its round-r memo as soon as that memo's
+    round r-1 request (slot s+1's) has ended, judged, its twin and re-sends included. So no memo is ever
+    on two slots at once, as in barriered rounds, yet a slot slow to be judged holds up one neighbour,
+    not the whole width: the server is kept fed while the client judges (issue 34: a barrier made every
+    round wait for the last answer's judging, 128 of them in a row at 128 slots), and requests enter and
+    leave the server's batch at different times, as in real traffic. A stop ends every slot at the last
+    round any slot had begun, so each round is full width. Only a slot about to begin a new round asks
+    `stop(round_, unsettled)`, `unsettled` being the requests of the rounds begun that are not judged
+    yet; it may answer "" (wait: those may reach a power target), so that no round is begun in vain.
+    Returns (rounds run, why they stopped)."""
+    n = len(memos)
+    ended = [0] * n                        # per memo: the last round whose request on it has ended
+    moved = [asyncio.Event() for _ in range(n)]
+    settled = asyncio.Event()              # set as each request ends, judged
+    reached, limit, why, judged = 1, None, "planned rounds done", 0
+
+    async def lane(slot: int) -> None:
+        nonlocal reached, limit, why, judged
+        round_ = 1
+        while True:
+            while limit is None and round_ >= reached:      # a round begun is ended by every slot
+                reason = stop(round_, n * (reached - 1) - judged)
+                if reason is None:
+                    break
+                if reason:
+                    limit, why = reached, reason
+                    break
+                settled.clear()
+                await settled.wait()
+            if limit is not None and round_ >= limit:
+                return
+            memo = (slot + round_) % n
+            while ended[memo] < round_ - 1:       # one waiter per memo: slot s for slot s+1's request
+                moved[memo].clear()
+                await moved[memo].wait()
+            if round_ >= reached:
+                reached = round_ + 1
+                rq.round(state, round_, max(planned, reached), {str(s): memos[(s + round_) % n].memo_id for s in range(n)})
+            try:
+                await one(slot, round_)
+            finally:
+                judged += 1
+                settled.set()
+            ended[memo] = round_
+            moved[memo].set()
+            round_ += 1
+
+    await concurrently(*(lane(slot) for slot in range(n)))
+    return reached, why
+
+
 def plan(scenario) -> dict:
     r = scenario.rotation
     rounds = target_rounds(scenario)
@@ -163,30 +217,33 @@ async def run(rq, state) -> None:
         state.redraws_memos = True
     if s.evidence.codes:
         state.unrecalled = []
-    round_ = 0
-    stopped = "planned rounds done"
-    while round_ < MAX_ROUNDS:
-        if round_ == 1 and state.unrecalled is not None:
-            await redraw_unrecalled(rq, state, memos, one)
-        if round_ == 1 and s.evidence.fingerprints:
-            await redraw_alike(rq, state, memos, one)
-            state.redraws_memos = False       # memos alike from here on are only noted
-        if round_ >= r.rounds:
-            if not needed:
-                break
-            checked, failed = rq.checked(evidence)
-            if checked >= needed:
-                stopped = "power target reached"
-                break
-            if failed:
-                stopped = "a checked hit failed: more rounds cannot rule the target out"
-                break
-            if time.monotonic() - started >= p.budget_s:
-                stopped = f"time budget of {p.budget_s:.0f} s spent"
-                break
-        await run_round(rq, state, round_, max(planned, round_ + 1), r.slots,
-                        lambda slot: memos[(slot + round_) % r.slots], one)
-        round_ += 1
+    await run_round(rq, state, 0, max(planned, 1), r.slots, lambda slot: memos[slot % r.slots], one)   # cold: all at once
+    if state.unrecalled is not None:
+        await redraw_unrecalled(rq, state, memos, one)
+    if s.evidence.fingerprints:
+        await redraw_alike(rq, state, memos, one)
+        state.redraws_memos = False       # memos alike from here on are only noted
+
+    def stop(round_: int, unsettled: int) -> str | None:
+        """Why the phase stops before `round_` (None: it goes on; "": ask again once one of the
+        `unsettled` requests in flight has been judged, they may reach the target); asked as each slot
+        ends a round."""
+        if round_ >= MAX_ROUNDS:
+            return "planned rounds done"
+        if round_ < r.rounds:
+            return None
+        if not needed:
+            return "planned rounds done"
+        checked, failed = rq.checked(evidence)
+        if checked >= needed:
+            return "power target reached"
+        if failed:
+            return "a checked hit failed: more rounds cannot rule the target out"
+        if time.monotonic() - started >= p.budget_s:
+            return f"time budget of {p.budget_s:.0f} s spent"
+        return "" if checked + unsettled >= needed else None
+
+    round_, stopped = await rotate(rq, state, memos, one, planned, stop)
     closest = rq.fingerprints.closest({m.memo_id for m in memos}) if s.evidence.fingerprints else None
     if closest is not None:
         result.fingerprint_closest = {"memos": [closest.a, closest.b], "task": closest.task,

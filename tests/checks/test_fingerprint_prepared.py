@@ -114,3 +114,27 @@ def test_distinct_tells_different_tokens_apart_without_values_and_equals_its_def
                     expected.append(other)
             assert alike == expected
     assert seen == {True, False}
+
+
+def test_pair_is_match_either_way_and_kept():
+    """book.pair(a, b), which the twin judge's yardstick now asks for every other memo, is match(a, b) and
+    match(b, a) exactly, and asking again compares nothing."""
+    rng = random.Random(2606)
+    for _ in range(100):
+        book = FingerprintBook(tokens=rng.choice([4, 8, 12]), tolerance=0.1)
+        stem = run(rng, 12)
+        fps = []
+        for i in range(6):
+            lp = [[x[0], x[1], list(x[2])] for x in stem] if rng.random() < 0.4 else run(rng, rng.randint(0, 12))
+            fp = Fingerprint(f"m{i}", "recall", i, lp)
+            book.add(f"k{i}", fp)
+            fps.append(fp)
+        for a in fps:
+            for b in fps:
+                expected = book.match(a.logprobs, b.logprobs)
+                assert book.pair(a, b) == expected == book.match(b.logprobs, a.logprobs) == book.pair(b, a)
+        kept = len(book._pairs)
+        for a in fps:
+            for b in fps:
+                book.pair(a, b)
+        assert len(book._pairs) == kept

@@ -95,8 +95,8 @@ class FingerprintBook:
         """match(run, fp.logprobs), with the stored side read once (`run` prepared by the caller)."""
         return checks.prepared_match(run, self._ready(fp.logprobs))
 
-    def _pair(self, a: Fingerprint, b: Fingerprint) -> FingerprintMatch:
-        """match(a.logprobs, b.logprobs), once per pair (the comparison is symmetric). A pair is stored only
+    def pair(self, a: Fingerprint, b: Fingerprint) -> FingerprintMatch:
+        """match(a.logprobs, b.logprobs) for two stored fingerprints, once per pair (the comparison is symmetric). A pair is stored only
         after both lists are kept in _prepared, for good, so a stored pair's ids still name its lists: looked
         up first (at 128 slots, 100,000 asks a soak, 2026-12-05)."""
         x, y = id(a.logprobs), id(b.logprobs)
@@ -117,7 +117,7 @@ class FingerprintBook:
         (at 128 slots on the reference server, a fifth of hitproof's CPU, 2026-12-06); equal tokens are rare."""
         if self._chosen(a.logprobs) != self._chosen(b.logprobs):
             return True                             # prepared_match's same_tokens: every chosen token equal
-        m = self._pair(a, b)
+        m = self.pair(a, b)
         return not (m.same_tokens and m.distance <= self.tolerance + self.margin)
 
     def _chosen(self, logprobs: list[list]) -> tuple:
@@ -142,7 +142,7 @@ class FingerprintBook:
         more than `bound` on values? Else a run agreeing with it is its own state taking a tie, not the other's.
         Memos whose fingerprints are alike (not `distinct`) are never told apart."""
         theirs = self._of_memo(owner, own.task)
-        return theirs is None or parts_before(self._pair(theirs, own), run_vs_own,
+        return theirs is None or parts_before(self.pair(theirs, own), run_vs_own,
                                                      max(bound, self.tolerance + self.margin))
 
     def _of_memo(self, memo: str, task: str) -> Fingerprint | None:
@@ -205,7 +205,7 @@ class FingerprintBook:
             for b in fps[i + 1:]:
                 if a.task != b.task or a.memo == b.memo:
                     continue
-                m = self._pair(a, b)
+                m = self.pair(a, b)
                 key = (m.agreeing, -m.distance)
                 if best is None or key > (best.agreeing, -best.distance):
                     best = Closest(a.task, a.memo, b.memo, m.agreeing, m.distance, self.distinct(a, b))

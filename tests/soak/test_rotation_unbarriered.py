@@ -87,6 +87,22 @@ def test_a_stop_ends_every_slot_at_the_last_round_any_slot_began():
     assert all(len(slots) == 6 for slots in per_round.values()), "a round left part-wide"
 
 
+def test_a_round_begun_by_a_slot_waiting_for_its_memo_is_ended_by_every_slot():
+    """Slot 0 begins round 2 and waits for its memo (slot 1's, slow); slot 2 then asks to stop. Round 2 was
+    begun: every slot ends it (a round announced only after the memo's wait was left one slot wide)."""
+    asked = []
+
+    def stop(round_, unsettled):                     # round 1 goes on; so does round 2, asked first
+        asked.append(round_)
+        return None if round_ == 1 or asked == [1, 2] else "power target reached"
+
+    delays = {0: 0.001, 1: 0.03, 2: 0.01}
+    spans, rounds, why, announced = run_rotate(3, lambda s, r: delays[s], stop)
+    assert (rounds, why) == (3, "power target reached")
+    assert sorted((s, r) for s, r, *_ in spans) == [(s, r) for s in range(3) for r in (1, 2)]
+    assert [a[0] for a in announced] == [1, 2]
+
+
 def test_a_target_the_requests_in_flight_may_reach_is_waited_for_not_overshot():
     """Hits are checked as requests end: with 20 needed and 4 slots, rounds 1 to 5 give 20. A slot that
     ends round 5 first must not start round 6 while the other round-5 requests may still reach it."""

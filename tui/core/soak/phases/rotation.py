@@ -171,13 +171,13 @@ async def rotate(rq, state, memos: list, one, planned: int, stop) -> tuple[int, 
                 await settled.wait()
             if limit is not None and round_ >= limit:
                 return
+            if round_ >= reached:                 # begun here, before any wait: a stop now ends it too
+                reached = round_ + 1
+                rq.round(state, round_, max(planned, reached), {str(s): memos[(s + round_) % n].memo_id for s in range(n)})
             memo = (slot + round_) % n
             while ended[memo] < round_ - 1:       # one waiter per memo: slot s for slot s+1's request
                 moved[memo].clear()
                 await moved[memo].wait()
-            if round_ >= reached:
-                reached = round_ + 1
-                rq.round(state, round_, max(planned, reached), {str(s): memos[(s + round_) % n].memo_id for s in range(n)})
             try:
                 await one(slot, round_)
             finally:

@@ -278,12 +278,10 @@ async def replay(plan: dict) -> dict:
         ready[i].set()
         state["in_flight"] += 1
         state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
-        began = time.monotonic()
         try:
             results[i] = await raw_one(pool, wire[i])
         except (OSError, TimeoutError) as exc:
             results[i] = {"error": f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__}
-        results[i]["span"] = (began - started, time.monotonic() - started)   # for where-the-time-went tables
         state["in_flight"] -= 1
         done[i].set()
         if prefix["events"] and i == prefix["ended"]:
@@ -298,7 +296,7 @@ async def replay(plan: dict) -> dict:
         raw = res.pop("raw", b"")
         cached = CACHED.findall(raw)
         prompt = PROMPT.findall(raw)
-        out.append({"key": r["key"], "ttft": res.get("ttft"), "error": res.get("error"), "span": res.get("span"),
+        out.append({"key": r["key"], "ttft": res.get("ttft"), "error": res.get("error"),
                     "resent": res.get("resent", False),
                     "cached": int(cached[-1]) if cached else None, "prompt_tokens": int(prompt[-1]) if prompt else None})
     # CPU from the first request to the last one parsed (its start-up, the connections, excluded)

@@ -31,8 +31,8 @@ for exactly the requests that had finished before it started in B: the slots of 
 the rest one after another, as in B. Rotation's rounds after the cold one have no barrier in hitproof
 (a slot waits for its own last request and its memo's): there a request waits for every request
 started before those rounds and for the last one of its slot and of its memo that had finished before
-it started, not for others that merely happened to finish first. The run's nonce in every body (memo headers, cache salts) is
-replaced by a fresh one of the same length, so the replay's prompts are new to the cache and its
+it started, not for others that merely happened to finish first. The run's nonce in every body (memo
+headers, cache salts) is replaced by a fresh one of the same length, so the replay's prompts are new to the cache and its
 cold/hit pattern is B's (checked: the usage chunk's cached_tokens, both counts reported). The raw
 client builds every request's bytes before its clock starts, takes the first network read carrying a
 `data:` line with non-empty text as the first token, and parses nothing until the replay is over.
@@ -402,6 +402,7 @@ def build_plan(log: dict, kept: list[dict], port: int, rng: random.Random) -> tu
     end = next((i for i in range(first, len(order)) if starts[order[i]]["phase"] != "rotation"
                 or starts[order[i]]["arm"] == "isolation"), len(order))     # re-runs: after every phase
     wave = [i for i in range(first, end) if starts[order[i]]["slot"] is not None]    # the phase's own slots
+    in_wave = set(wave)
     # rotation's rounds 1 on have no barrier (rotation.rotate): such a request waits for every request
     # started before them (all had ended) and for the last request of its slot and of its memo that had
     # ended before it started, as hitproof's own slot did; not for the others that happened to end first,
@@ -410,7 +411,7 @@ def build_plan(log: dict, kept: list[dict], port: int, rng: random.Random) -> tu
     ended_at, last = 0, {}
     for i, rid in enumerate(order):
         seq = starts[rid]["seq"]
-        if first <= i < end and starts[rid]["slot"] is not None:
+        if i in in_wave:
             while ended_at < len(wave_ends) and wave_ends[ended_at][0] < seq:
                 j = wave_ends[ended_at][1]
                 for key in ("slot", "memo"):

@@ -49,7 +49,8 @@ def test_no_memo_is_on_two_slots_at_once_and_rounds_overlap():
     rng = random.Random(7)
     delays = {(s, r): rng.uniform(0, 0.004) for s in range(8) for r in range(12)}
     delays[3, 1] = 0.03                         # long enough for other slots to be into round 2
-    spans, rounds, why, announced = run_rotate(8, lambda s, r: delays[s, r], lambda r, unsettled: "planned rounds done" if r >= 12 else None)
+    spans, rounds, why, announced = run_rotate(8, lambda s, r: delays[s, r],
+                                               lambda r, unsettled: "planned rounds done" if r >= 12 else None)
     assert (rounds, why) == (12, "planned rounds done")
     assert sorted((s, r) for s, r, *_ in spans) == [(s, r) for s in range(8) for r in range(1, 12)]
     for memo in range(8):

@@ -96,9 +96,9 @@ class FingerprintBook:
         return checks.prepared_match(run, self._ready(fp.logprobs))
 
     def pair(self, a: Fingerprint, b: Fingerprint) -> FingerprintMatch:
-        """match(a.logprobs, b.logprobs) for two stored fingerprints, once per pair (the comparison is symmetric). A pair is stored only
-        after both lists are kept in _prepared, for good, so a stored pair's ids still name its lists: looked
-        up first (at 128 slots, 100,000 asks a soak, 2026-12-05)."""
+        """match(a.logprobs, b.logprobs) for two stored fingerprints, once per pair (the comparison is
+        symmetric). A pair is stored only after both lists are kept in _prepared, for good, so a stored
+        pair's ids still name its lists: looked up first (at 128 slots, 100,000 asks a soak, 2026-12-05)."""
         x, y = id(a.logprobs), id(b.logprobs)
         key = (x, y) if x <= y else (y, x)
         known = self._pairs.get(key)

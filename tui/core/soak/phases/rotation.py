@@ -2,9 +2,9 @@
 
 Every slot lands on blocks another slot wrote a round earlier, and every memo has its own
 code, so a code from another memo in an answer is unambiguous. Round 0 (cold) goes all at once; the
-rounds after it have no barrier, and a memo is never on two slots at once (rotate() below). With a power target the phase
-keeps rotating after its planned rounds until the run has checked enough hits to rule the
-target rate out, or its time budget is spent (the run then says by how much it fell short).
+rounds after it have no barrier, and a memo is never on two slots at once (rotate() below). With a
+power target the phase keeps rotating after its planned rounds until the run has checked enough hits
+to rule the target rate out, or its time budget is spent (the run then says by how much it fell short).
 """
 
 from __future__ import annotations
@@ -173,7 +173,8 @@ async def rotate(rq, state, memos: list, one, planned: int, stop) -> tuple[int, 
                 return
             if round_ >= reached:                 # begun here, before any wait: a stop now ends it too
                 reached = round_ + 1
-                rq.round(state, round_, max(planned, reached), {str(s): memos[(s + round_) % n].memo_id for s in range(n)})
+                rq.round(state, round_, max(planned, reached),
+                         {str(s): memos[(s + round_) % n].memo_id for s in range(n)})
             memo = (slot + round_) % n
             while ended[memo] < round_ - 1:       # one waiter per memo: slot s for slot s+1's request
                 moved[memo].clear()
@@ -217,7 +218,8 @@ async def run(rq, state) -> None:
         state.redraws_memos = True
     if s.evidence.codes:
         state.unrecalled = []
-    await run_round(rq, state, 0, max(planned, 1), r.slots, lambda slot: memos[slot % r.slots], one)   # cold: all at once
+    # round 0, cold: every slot at once (the re-draws rely on all of it)
+    await run_round(rq, state, 0, max(planned, 1), r.slots, lambda slot: memos[slot], one)
     if state.unrecalled is not None:
         await redraw_unrecalled(rq, state, memos, one)
     if s.evidence.fingerprints:

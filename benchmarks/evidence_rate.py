@@ -494,6 +494,20 @@ def tail_of(path: Path) -> str:
     return (errors[-1].removeprefix("hitproof: error:").strip() if errors else lines[-1] if lines else "(no output)")[:300]
 
 
+def verdict_reasons(report: dict, most: int = 3) -> str:
+    """Why a soak did not pass, from its JSON report: each phase that did not pass with its first reasons
+    ("" for a pass). A clean server's INCONCLUSIVE is read, not guessed at (runs N to Q left two of ten
+    rate soaks INCONCLUSIVE with the reason on the GPU host)."""
+    parts = []
+    for name, phase in (report.get("phases") or {}).items():
+        if isinstance(phase, dict) and phase.get("status") not in (None, "pass"):
+            reasons = phase.get("reasons") or []
+            more = f" (+{len(reasons) - most} more)" if len(reasons) > most else ""
+            parts.append(f"{name} {phase.get('status')}: " + ("; ".join(reasons[:most]) + more if reasons else
+                                                             "no reason given"))
+    return " | ".join(parts)
+
+
 def throttled(every: float = 20.0):
     """A progress callback that speaks at most every `every` seconds (startup polls every 2 s)."""
     last = [0.0]

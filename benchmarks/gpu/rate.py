@@ -151,6 +151,7 @@ def measure(url: str, scenario: str, out: Path, timeout: float, streams: int | N
     soak_s, replay_s = facts["soak_s"], replay["seconds"]
     result = {
         "url": url, "scenario": scenario, "exit_code": code, "verdict": report.get("verdict"),
+        "verdict_reasons": evidence_rate.verdict_reasons(report),
         "hitproof": {"requests": requests_h, "hits": hits_h, "checked_hits": checked,
                      "checked": {k: (ev.get(k) or {}).get("checked_hits") for k in ("recall", "fingerprint")},
                      "soak_s": round(soak_s, 2), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
@@ -178,7 +179,8 @@ def measure(url: str, scenario: str, out: Path, timeout: float, streams: int | N
     result["hits_per_min_ratio"] = per(h["hits_per_min"], r["hits_per_min"])
     result["minutes_to_default_target"] = per(DEFAULT_TARGET, h["checked_per_min"])
     say(f"hitproof: {requests_h} requests in {soak_s:.1f} s = {fmt(h['requests_per_s'])}/s, {hits_h} hits = "
-        f"{fmt(h['hits_per_min'])}/min, {checked} checked = {fmt(h['checked_per_min'])}/min; verdict {report.get('verdict')}")
+        f"{fmt(h['hits_per_min'])}/min, {checked} checked = {fmt(h['checked_per_min'])}/min; verdict {report.get('verdict')}"
+        + (f" ({why})" if (why := evidence_rate.verdict_reasons(report)) else ""))
     say(f"raw client: {len(raw)} requests in {replay_s:.1f} s = {fmt(r['requests_per_s'])}/s, {hits_r} hits = "
         f"{fmt(r['hits_per_min'])}/min, {r['errors']} errors")
     say(f"ratio hitproof/raw: requests/s {fmt(result['rate_ratio'], 3)}, hits/min {fmt(result['hits_per_min_ratio'], 3)} "

@@ -53,6 +53,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from evidence_rate import verdict_reasons  # noqa: E402  (why a soak did not pass, read from its report)
+
 STATE = Path(os.environ.get("HPGPU_STATE", "/tmp/hpgpu"))
 RESULTS = Path(os.environ.get("HPGPU_RESULTS", str(STATE / "results")))
 BUDGET_S = float(os.environ.get("HPGPU_BUDGET_S", "480"))
@@ -488,6 +491,8 @@ def verdict_line(dtype: str, name: str, expect: str, code: int, report: dict | N
         parts.append(f"power target {target.get('checked_hits')} of {target.get('needed')} checked hits, "
                      f"reached {target.get('reached')}, rotation {extra.get('rounds')} rounds in "
                      f"{extra.get('seconds')} s ({extra.get('stopped')})")
+    if why := verdict_reasons(report):
+        parts.append(f"why: {why}")
     if proxy is not None:
         parts.append(f"proxy corrupted {proxy.get('corrupted')} of {proxy.get('generations')}")
     if broken is not None:

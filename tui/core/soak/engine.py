@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import random, sys, time
+import asyncio, collections, random, sys, time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -21,6 +19,7 @@ from ..report.power import EvidenceTally, hits_needed, target_sentence, upper_bo
 from .context import SoakContext
 from .header import run_header
 from .record import DELTA_INTERVAL
+from .memo_stock import memos_ahead
 from .requester import Requester
 from .state import PhaseState
 from ..config.scenario import Scenario
@@ -77,8 +76,7 @@ class SoakEngine:
         # Codes differ from run to run (seeded by the nonce): a state leaking in from an earlier
         # run can never pass for the request's own code.
         self.codes = CodeBook(random.Random(self.nonce))
-        self.client = OpenAIClient(target.url, dialect=target.dialect or "vllm",
-                                   timeout=scenario.request_timeout)
+        self.client = OpenAIClient(target.url, dialect=target.dialect or "vllm", timeout=scenario.request_timeout)
         self.metrics_available = False
         self.restarts = RestartWatch()   # counters going backwards, or refused then accepted again
         self.phase_states: list[PhaseState] = []
@@ -133,8 +131,7 @@ class SoakEngine:
             self._pending[severity] = 0
 
     def _finish_phase(self, state: PhaseState) -> None:
-        state.finished = True
-        self._running = None
+        state.finished, self._running = True, None
 
     def checkpoints_since(self, since: float) -> list[CheckpointSeen]:
         return [event for at, event in self.checkpoints if at >= since]
@@ -252,6 +249,7 @@ class SoakEngine:
             replica_scrape=self.cluster.scrape if self.cluster else None,
             restart_replica=self.cluster.restart if self.cluster and self.cluster.can_restart else None,
             slot_dir=self.target.slot_dir, live_text_every=self.live_text_every), counter)
+        requester.order_memos(memos_ahead(self.scenario, PHASES, info, bool(self.checkpoints)))   # sized meanwhile
         fix = info.cached_fix if info.cached_report != "request" else ""
         sampler = asyncio.create_task(self._sample_metrics(), name="metrics") if self.metrics_available else None
         try:
@@ -270,6 +268,7 @@ class SoakEngine:
                 status, reasons = state.status()
                 self.emit(PhaseFinished(phase=name, status=status, reasons=reasons, summary=state.summary()))
         finally:
+            await requester.stock.close()
             if sampler is not None:
                 sampler.cancel()
                 await asyncio.gather(sampler, return_exceptions=True)

@@ -21,6 +21,7 @@ from ..server.client import RequestSpec
 from ..server.prefix import prefix_text
 from .context import SoakContext
 from .judge import Judge
+from .memo_stock import MemoStock
 from ..server.replicas import ROUTER_SEND_FAILED, Served, Signature, named_by_response
 from .proof import UNKNOWN, CacheProof, CounterWindows
 from .record import DeltaCoalescer, Overlap, Record, concurrently
@@ -68,6 +69,7 @@ class Requester:
         self._served_memos: dict[int, set[str]] = {}          # replica -> memo ids it has served
         self.overlap = Overlap()           # who streamed beside whom (any arm)
         self.cold_tolerance = ColdTolerance(self.counter, self.nonce, server.dialect)
+        self.stock = MemoStock(self._draw_memo, self._size_memo, self.cold_tolerance.count_memos)
 
     # --- evidence --------------------------------------------------------------------------
 
@@ -81,21 +83,36 @@ class Requester:
 
     async def memos(self, state: PhaseState, wanted: list[tuple[int, int | None, str]], *,
                     with_code: bool = True) -> list[Memo]:
-        """A memo for each (tokens, slot, tag): ids and codes drawn in order, sized at once (a wide rotation's
-        128 memos are not sized one after another), planted in order."""
-        drawn = []
-        for tokens, slot, tag in wanted:
-            self._next_memo += 1
-            drawn.append((f"m{self._next_memo:02d}{('-' + tag) if tag else ''}", tokens, slot,
-                          self.new_code() if with_code and self.scenario.evidence.codes else None))
-        built = list(await asyncio.gather(*(build_memo(
-            self.counter, memo_id=memo_id, nonce=self.nonce, code=code, target_tokens=tokens, grid=self.server.grid,
-            code_position=self.scenario.evidence.code_position, seed=self.scenario.seed,
-            code_position_max=self.scenario.evidence.code_position_max)
-            for memo_id, tokens, _, code in drawn), self.cold_tolerance.count_memos([memo_id for memo_id, *_ in drawn])))[:-1]
-        for memo, (_, _, slot, _) in zip(built, drawn):
+        """A memo for each (tokens, slot, tag): from the stock when it was ordered ahead (memo_stock.py), else
+        its id and code drawn now, in order; sized at once (a wide rotation's 128 memos are not sized one
+        after another), planted in order."""
+        jobs, fresh = [], []
+        for tokens, _, tag in wanted:
+            job = self.stock.take(tokens, tag, with_code)
+            if job is None:
+                memo_id, code = self._draw_memo(tag, with_code)
+                fresh.append(memo_id)
+                job = self._size_memo(memo_id, tokens, code)
+            jobs.append(job)
+        built = list(await asyncio.gather(*jobs, self.cold_tolerance.count_memos(fresh)))[:-1]
+        for memo, (_, slot, _) in zip(built, wanted):
             self.register_memo(state, memo, slot=slot)
         return built
+
+    def order_memos(self, wanted: list[tuple[int, str, bool]]) -> None:
+        """Size these (tokens, tag, with a code) in the background from now on, for the phases that will ask."""
+        self.stock.order(wanted)
+
+    def _draw_memo(self, tag: str, with_code: bool) -> tuple[str, str | None]:
+        self._next_memo += 1
+        return (f"m{self._next_memo:02d}{('-' + tag) if tag else ''}",
+                self.new_code() if with_code and self.scenario.evidence.codes else None)
+
+    async def _size_memo(self, memo_id: str, tokens: int, code: str | None) -> Memo:
+        e = self.scenario.evidence
+        return await build_memo(self.counter, memo_id=memo_id, nonce=self.nonce, code=code, target_tokens=tokens,
+                                grid=self.server.grid, code_position=e.code_position, seed=self.scenario.seed,
+                                code_position_max=e.code_position_max)
 
     def register_memo(self, state: PhaseState, memo: Memo, slot: int | None = None) -> None:
         """Put the memo's code in the registry and the memo on the event stream."""

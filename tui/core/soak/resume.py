@@ -322,6 +322,15 @@ async def _calibrate(rq, state) -> Calibration:
     return calibration(grid, why, e.fingerprint_tolerance, pairs, CALIBRATION_PROMPTS + width, width)
 
 
+def memos_ahead(scenario, server, checkpoints_seen: bool) -> list[tuple[int, str, bool]]:
+    """The wide calibration's memos, as _calibrate asks for them (tokens, tag, with a code), where it will
+    size them: for the memo stock (memo_stock.py) to size them ahead."""
+    width, tokens = widest(scenario)
+    if width < WIDE_FROM or not grid_restore(server.cache_config, checkpoints_seen, server.dialect)[0]:
+        return []
+    return [(tokens, f"resume-wide{i}", False) for i in range(width)]
+
+
 def widest(scenario) -> tuple[int, int]:
     """(slots served at once, memo tokens each) of the scenario's widest phase (rotation, mix); (0, 0): none."""
     return max(((slots, tokens) for _, slots, tokens in widths(scenario)), default=(0, 0))

@@ -73,6 +73,12 @@ class Result(PhaseResult):
     coverage: dict = UNSET                    # Coverage.as_dict(): hits and deviations by bucket and concurrency
 
 
+def memos_ahead(scenario) -> list[tuple[int, str, bool]]:
+    """The memos run() asks for (tokens, tag, with a code): the memo stock sizes them ahead (memo_stock.py)."""
+    m = scenario.mix
+    return [(m.memo_tokens, f"mix{i}", True) for i in range(m.memos)]
+
+
 def plan(scenario) -> dict:
     m = scenario.mix
     refs = m.memos * m.turns

@@ -192,6 +192,12 @@ async def rotate(rq, state, memos: list, one, planned: int, stop) -> tuple[int, 
     return reached, why
 
 
+def memos_ahead(scenario) -> list[tuple[int, str, bool]]:
+    """The memos run() asks for (tokens, tag, with a code): the memo stock sizes them ahead (memo_stock.py)."""
+    r = scenario.rotation
+    return [(r.memo_tokens, f"rot{slot}", True) for slot in range(r.slots)]
+
+
 def plan(scenario) -> dict:
     r = scenario.rotation
     rounds = target_rounds(scenario)

@@ -495,12 +495,12 @@ def tail_of(path: Path) -> str:
 
 
 def verdict_reasons(report: dict, most: int = 3) -> str:
-    """Why a soak did not pass, from its JSON report: each phase that did not pass with its first reasons
-    ("" for a pass). A clean server's INCONCLUSIVE is read, not guessed at (runs N to Q left two of ten
-    rate soaks INCONCLUSIVE with the reason on the GPU host)."""
+    """Why a soak ended INCONCLUSIVE, from its JSON report: each inconclusive phase with its first reasons
+    ("" when none was; a failed phase's findings say why it failed). A clean server's INCONCLUSIVE is read,
+    not guessed at (runs N to Q left two of ten rate soaks INCONCLUSIVE with the reason on the GPU host)."""
     parts = []
     for name, phase in (report.get("phases") or {}).items():
-        if isinstance(phase, dict) and phase.get("status") not in (None, "pass"):
+        if isinstance(phase, dict) and phase.get("status") == "inconclusive":
             reasons = phase.get("reasons") or []
             more = f" (+{len(reasons) - most} more)" if len(reasons) > most else ""
             parts.append(f"{name} {phase.get('status')}: " + ("; ".join(reasons[:most]) + more if reasons else

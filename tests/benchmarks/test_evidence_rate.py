@@ -172,3 +172,15 @@ def test_bad_input_and_an_unreachable_server_are_one_line(tmp_path):
     lines = [line for line in gone.stderr.splitlines() if line.startswith("evidence_rate: error:")]
     assert gone.returncode == 3 and len(lines) == 1 and "soak A ended with exit 3" in lines[0]
     assert "Traceback" not in gone.stderr and "None" not in lines[0]
+
+
+def test_an_inconclusive_soak_says_which_phase_and_why():
+    report = {"verdict": "inconclusive", "phases": {
+        "cold_hit": {"status": "pass", "reasons": []},
+        "rotation": {"status": "inconclusive", "reasons": [f"request {n} differs from a twin" for n in range(5)]},
+        "control": {"status": "fail", "reasons": []},
+        "determinism": {"status": "inconclusive"}}}
+    assert evidence_rate.verdict_reasons(report) == (
+        "rotation inconclusive: request 0 differs from a twin; request 1 differs from a twin; request 2 differs "
+        "from a twin (+2 more) | determinism inconclusive: no reason given")
+    assert evidence_rate.verdict_reasons({"verdict": "pass", "phases": {"rotation": {"status": "pass"}}}) == ""

@@ -16,7 +16,7 @@ from tui.commands.run import with_streams
 from tui.core.config.scenario import load_scenario
 from tui.core.evidence.memos import Memo
 from tui.core.soak import memo_stock
-from tui.core.soak.memo_stock import AT_ONCE, MemoStock, memos_ahead
+from tui.core.soak.memo_stock import BACKGROUND, MemoStock, memos_ahead
 from tui.core.soak.phases import PHASES
 from tui.refserver import start_refserver
 
@@ -41,6 +41,7 @@ class Sizer:
     async def size(self, memo_id: str, tokens: int, code):
         self.sizing += 1
         self.most = max(self.most, self.sizing)
+        await asyncio.sleep(0)                      # a round trip: another sizing may start meanwhile
         await self.release.wait()
         self.sizing -= 1
         if self.fail and memo_id.endswith(self.fail):
@@ -56,21 +57,37 @@ def stock_of(sizer: Sizer) -> MemoStock:
     return MemoStock(sizer.draw, sizer.size, sizer.count_prefixes)
 
 
-async def test_ids_are_drawn_when_ordered_and_memos_sized_a_few_at_a_time():
+async def test_ids_are_drawn_when_ordered_and_memos_sized_two_at_a_time_until_taken():
     sizer = Sizer()
     stock = stock_of(sizer)
     stock.order([(1200, f"rot{i}", True) for i in range(40)])
     assert sizer.drawn == [f"m{i + 1:02d}-rot{i}" for i in range(40)]      # in order, before any sizing
     await asyncio.sleep(0.01)
-    assert sizer.most == AT_ONCE                        # never more at once: the event loop stays free
-    sizer.release.set()
+    assert sizer.sizing == sizer.most == BACKGROUND     # the event loop stays free for the running phase
     taken = [stock.take(1200, f"rot{i}", True) for i in range(40)]
+    await asyncio.sleep(0.01)
+    assert sizer.sizing == 40                           # what a phase takes unsized is sized at once
+    sizer.release.set()
     memos = await asyncio.gather(*taken)
     assert [m.memo_id for m in memos] == sizer.drawn and all(m.code for m in memos)
     assert sizer.counted == [sizer.drawn]               # every prefix counted beside the sizing, once
     assert stock.take(1200, "rot0", True) is None       # taken once
     assert stock.take(1200, "rot99", True) is None      # never ordered: the phase draws it itself
     assert stock.take(800, "rot1", True) is None and stock.waiting == 0
+    await stock.close()
+
+
+async def test_the_background_sizes_everything_ordered_in_order():
+    sizer = Sizer()
+    sizer.release.set()
+    stock = stock_of(sizer)
+    stock.order([(1200, f"resume-wide{i}", False) for i in range(5)])
+    stock.order([(1200, f"rot{i}", True) for i in range(5)])
+    for _ in range(100):
+        await asyncio.sleep(0)
+    first = stock.take(1200, "resume-wide0", False)
+    last = stock.take(1200, "rot4", True)
+    assert first.done() and last.done() and sizer.most == BACKGROUND    # two workers, not four
     await stock.close()
 
 
@@ -102,7 +119,7 @@ async def test_close_stops_what_no_phase_took(recwarn):
     stock.order([(1200, f"rot{i}", True) for i in range(20)])
     await asyncio.sleep(0.01)
     await stock.close()
-    assert stock.waiting == 0 and sizer.sizing == AT_ONCE    # cancelled while sizing, none finished
+    assert stock.waiting == 0 and sizer.sizing == BACKGROUND    # cancelled while sizing, none finished
     assert not [w for w in recwarn if "never retrieved" in str(w.message)]
 
 

@@ -6,26 +6,38 @@ in flight for 0.88 s while hitproof sized the resume calibration's 128 memos and
 rotation's: 1.75 s of the 2.0 s by which its soak (31.8 s) trailed the raw client replaying the same
 requests (29.8 s), a request-rate ratio of 0.938.
 
-The stock sizes them from the start of the run, in the background and a few at a time, while the first
-phases wait on the server. A phase takes its memos from the stock (waiting for any still being sized) and
-plants them itself: the memo events, the codes and their registry belong to it as before. A memo's id
-and code are drawn when it is ordered, so a wide scenario's memo texts (seeded by the id) differ from a
-run without the stock; only phases that size at least AHEAD_FROM memos at once are ordered, so the
+The stock sizes them from the start of the run, in the background and two at a time, while the first
+phases wait on the server. A phase takes its memos from the stock (waiting for any still being sized; those
+not yet started are sized at once, as without the stock) and plants them itself: the memo events, the codes
+and their registry belong to it as before. A memo's id and code are drawn when it is ordered, so a wide
+scenario's memo texts (seeded by the id) differ from a run without the stock; only phases that size at least AHEAD_FROM memos at once are ordered, so the
 narrow scenarios (four slots, the CPU ones) keep theirs. No I/O of its own: sizing is the requester's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterable
 
 from ..evidence.memos import Memo
 from .resume import memos_ahead as calibration_ahead
 
 AHEAD_FROM = 8       # memos a phase sizes at once before the stock sizes them ahead (resume.WIDE_FROM's width)
-AT_ONCE = 16         # memos sized at a time: each done early, and the event loop never held long by sizing
+BACKGROUND = 2       # memos sized at a time in the background: a request of the running phase waits behind two
+                     # sizing steps at most. Sixteen at a time held the run's first request back 0.61 s at 128
+                     # streams on an H100 host (run S, 2026-12-06); what a phase takes unsized is sized at once.
 
 Wanted = tuple[int, str, bool]      # (tokens, tag, with a code): what a phase asks the requester for
+
+
+@dataclass
+class _Ordered:
+    memo_id: str
+    tokens: int
+    code: str | None
+    task: asyncio.Task | None = None       # None: not started
 
 
 class MemoStock:
@@ -33,12 +45,12 @@ class MemoStock:
                  size: Callable[[str, int, str | None], Awaitable[Memo]],
                  count_prefixes: Callable[[list[str]], Awaitable[None]]):
         self._draw, self._size, self._count_prefixes = draw, size, count_prefixes
-        self._ahead: dict[Wanted, asyncio.Task] = {}
-        self._side: list[asyncio.Task] = []
-        self._gate = asyncio.Semaphore(AT_ONCE)
+        self._ahead: dict[Wanted, _Ordered] = {}
+        self._queue: collections.deque[_Ordered] = collections.deque()
+        self._side: list[asyncio.Task] = []       # the background workers, the prefix counts
 
     def order(self, wanted: Iterable[Wanted]) -> None:
-        """Draw each memo's id and code now, in order, and size them in the background."""
+        """Draw each memo's id and code now, in order, and size them in the background, in that order."""
         ids = []
         for tokens, tag, with_code in wanted:
             key = (tokens, tag, with_code)
@@ -46,18 +58,30 @@ class MemoStock:
                 continue
             memo_id, code = self._draw(tag, with_code)
             ids.append(memo_id)
-            self._ahead[key] = asyncio.create_task(self._sized(memo_id, tokens, code), name=f"memo {memo_id}")
+            self._ahead[key] = ordered = _Ordered(memo_id, tokens, code)
+            self._queue.append(ordered)
         if ids:
             self._side.append(asyncio.create_task(self._count_prefixes(ids), name="memo prefixes"))
+            running = sum(1 for task in self._side if task.get_name() == "memo stock" and not task.done())
+            self._side += [asyncio.create_task(self._work(), name="memo stock") for _ in range(BACKGROUND - running)]
 
-    async def _sized(self, memo_id: str, tokens: int, code: str | None) -> Memo:
-        async with self._gate:
-            return await self._size(memo_id, tokens, code)
+    def _start(self, ordered: _Ordered) -> asyncio.Task:
+        if ordered.task is None:
+            ordered.task = asyncio.create_task(self._size(ordered.memo_id, ordered.tokens, ordered.code),
+                                               name=f"memo {ordered.memo_id}")
+        return ordered.task
+
+    async def _work(self) -> None:
+        while self._queue:
+            ordered = self._queue.popleft()
+            if ordered.task is None:                  # not taken meanwhile
+                await asyncio.wait([self._start(ordered)])      # its error is the taker's (or close()'s)
 
     def take(self, tokens: int, tag: str, with_code: bool) -> asyncio.Task | None:
-        """The memo ordered for this (tokens, tag, with_code), being sized or sized (its error, if sizing failed,
-        is raised where it is awaited); None when none was ordered."""
-        return self._ahead.pop((tokens, tag, with_code), None)
+        """The memo ordered for this (tokens, tag, with_code): sized, being sized, or sized from now on (its
+        error, if sizing failed, is raised where it is awaited); None when none was ordered."""
+        ordered = self._ahead.pop((tokens, tag, with_code), None)
+        return None if ordered is None else self._start(ordered)
 
     @property
     def waiting(self) -> int:
@@ -66,8 +90,9 @@ class MemoStock:
 
     async def close(self) -> None:
         """Stop sizing what no phase took (a run that ended early, a phase not reached)."""
-        left = [*self._ahead.values(), *self._side]
+        left = [*(o.task for o in self._ahead.values() if o.task is not None), *self._side]
         self._ahead.clear()
+        self._queue.clear()
         self._side.clear()
         for task in left:
             task.cancel()

@@ -10,8 +10,9 @@ The stock sizes them from the start of the run, in the background and two at a t
 phases wait on the server. A phase takes its memos from the stock (waiting for any still being sized; those
 not yet started are sized at once, as without the stock) and plants them itself: the memo events, the codes
 and their registry belong to it as before. A memo's id and code are drawn when it is ordered, so a wide
-scenario's memo texts (seeded by the id) differ from a run without the stock; only phases that size at least AHEAD_FROM memos at once are ordered, so the
-narrow scenarios (four slots, the CPU ones) keep theirs. No I/O of its own: sizing is the requester's.
+scenario's memo texts (seeded by the id) differ from a run without the stock; only phases that size at least
+AHEAD_FROM memos at once are ordered, so the narrow scenarios (four slots, the CPU ones) keep theirs. No I/O of
+its own: sizing is the requester's.
 """
 
 from __future__ import annotations

@@ -310,7 +310,7 @@ async def _calibrate(rq, state) -> Calibration:
         await _resume_at_once(rq, state, [memo], colds, resumes)
     width, tokens = widest(rq.scenario)
     if width >= WIDE_FROM:
-        memos = await rq.memos(state, [(tokens, None, f"resume-wide{i}") for i in range(width)], with_code=False)
+        memos = await rq.memos(state, [(t, None, tag) for t, tag, _ in _wide_memos(width, tokens)], with_code=False)
         await _resume_at_once(rq, state, memos, colds, resumes)
     else:
         width = 0
@@ -328,7 +328,11 @@ def memos_ahead(scenario, server, checkpoints_seen: bool) -> list[tuple[int, str
     width, tokens = widest(scenario)
     if width < WIDE_FROM or not grid_restore(server.cache_config, checkpoints_seen, server.dialect)[0]:
         return []
-    return [(tokens, f"resume-wide{i}", False) for i in range(width)]
+    return _wide_memos(width, tokens)
+
+
+def _wide_memos(width: int, tokens: int) -> list[tuple[int, str, bool]]:
+    return [(tokens, f"resume-wide{i}", False) for i in range(width)]      # no code to leak
 
 
 def widest(scenario) -> tuple[int, int]:

@@ -127,7 +127,7 @@ def _level(others: int) -> str:
 async def run(rq, state) -> None:
     s = rq.scenario
     m = s.mix
-    memos = await rq.memos(state, [(m.memo_tokens, None, f"mix{i}") for i in range(m.memos)])   # sized at once
+    memos = await rq.memos(state, [(tokens, None, tag) for tokens, tag, _ in memos_ahead(s)])   # sized at once
     turn_tokens = max(m.turn_tokens, rq.server.grid + 16)
     notes = [[await rq.filler(f"mix-{memo.memo_id}-{t}", turn_tokens) for t in range(1, m.turns)] for memo in memos]
     sequence = draws(s.seed, m)

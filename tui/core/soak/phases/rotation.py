@@ -208,7 +208,7 @@ async def run(rq, state) -> None:
     s = rq.scenario
     r, p = s.rotation, s.power
     result = state.result = Result()
-    memos = await rq.memos(state, [(r.memo_tokens, slot, f"rot{slot}") for slot in range(r.slots)])
+    memos = await rq.memos(state, [(tokens, slot, tag) for slot, (tokens, tag, _) in enumerate(memos_ahead(s))])
     needed = hits_needed(p.fault_rate, p.confidence) if p.fault_rate else 0
     evidence = s.power_evidence
     planned = target_rounds(s)

@@ -249,7 +249,7 @@ class SoakEngine:
             replica_scrape=self.cluster.scrape if self.cluster else None,
             restart_replica=self.cluster.restart if self.cluster and self.cluster.can_restart else None,
             slot_dir=self.target.slot_dir, live_text_every=self.live_text_every), counter)
-        requester.order_memos(memos_ahead(self.scenario, PHASES, info, bool(self.checkpoints)))   # sized meanwhile
+        requester.stock.order(memos_ahead(self.scenario, PHASES, info, bool(self.checkpoints)))   # sized meanwhile
         fix = info.cached_fix if info.cached_report != "request" else ""
         sampler = asyncio.create_task(self._sample_metrics(), name="metrics") if self.metrics_available else None
         try:

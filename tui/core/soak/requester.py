@@ -99,10 +99,6 @@ class Requester:
             self.register_memo(state, memo, slot=slot)
         return built
 
-    def order_memos(self, wanted: list[tuple[int, str, bool]]) -> None:
-        """Size these (tokens, tag, with a code) in the background from now on, for the phases that will ask."""
-        self.stock.order(wanted)
-
     def _draw_memo(self, tag: str, with_code: bool) -> tuple[str, str | None]:
         self._next_memo += 1
         return (f"m{self._next_memo:02d}{('-' + tag) if tag else ''}",

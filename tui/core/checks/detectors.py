@@ -311,15 +311,19 @@ def prepared_match(a: tuple, b: tuple) -> FingerprintMatch:
     agreeing = 0
     first = second = 0.0         # the two largest per-position deviations
     shared = False
+    floor = ALTERNATIVE_FLOOR
     for (xa, mine), (yb, theirs) in zip(a, b):
         here = 0.0
-        for tok in mine.keys() & theirs.keys():
-            m, t = mine[tok], theirs[tok]
-            if m < ALTERNATIVE_FLOOR and t < ALTERNATIVE_FLOOR and tok != xa and tok != yb:
+        # one side's entries looked up in the other's, not a set made of both: 9 against 14 us a pair
+        # (12 positions of 5 entries, 2026-12-06); values are never None here (position_entries)
+        for tok, m in mine.items():
+            t = theirs.get(tok)
+            if t is None or (m < floor and t < floor and tok != xa and tok != yb):
                 continue
             shared = True
-            if abs(m - t) > here:
-                here = abs(m - t)
+            gap = m - t if m > t else t - m
+            if gap > here:
+                here = gap
         if here > first:
             first, second = here, first
         elif here > second:

@@ -56,7 +56,7 @@ async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: s
     if code is not None:
         room -= estimate_tokens(" " + code_sentence(code)) * ratio
     while room > 0:
-        room -= _append(memo, source.next(), ratio)
+        room -= _append(memo, *source.next_sized(), ratio)
     if code is not None:
         memo.code_index = max(1, min(len(memo.sentences) - 1, round(len(memo.sentences) * code_position)))
         memo.sentences.insert(memo.code_index, code_sentence(code))
@@ -101,17 +101,18 @@ SIZING_RECOUNTS = 6          # counts after the first before a memo keeps the si
 FITTING_CANDIDATES = 12      # filler sentences drawn to choose the one that fits what is missing
 
 
-def _sentence_tokens(memo: MemoText, index: int, sentence: str, ratio: float) -> float:
+def _sentence_tokens(memo: MemoText, index: int, sentence: str, ratio: float, spaced: int | None = None) -> float:
     """Estimated server tokens of a sentence at `index`, with what joins it (a space, or the heading of
-    the section it opens)."""
+    the section it opens). `spaced`: estimate_tokens(" " + sentence), known already (SentenceSource.next_sized)."""
     per_section = memo.sentences_per_section
-    joint = section_heading(index // per_section + 1) if index % per_section == 0 else " "
-    return estimate_tokens(joint + sentence) * ratio
+    if index % per_section == 0:
+        return estimate_tokens(section_heading(index // per_section + 1) + sentence) * ratio
+    return (spaced if spaced is not None else estimate_tokens(" " + sentence)) * ratio
 
 
-def _append(memo: MemoText, sentence: str, ratio: float) -> float:
+def _append(memo: MemoText, sentence: str, spaced: int | None, ratio: float) -> float:
     memo.sentences.append(sentence)
-    return _sentence_tokens(memo, len(memo.sentences) - 1, sentence, ratio)
+    return _sentence_tokens(memo, len(memo.sentences) - 1, sentence, ratio, spaced)
 
 
 def _resize(memo: MemoText, source: SentenceSource, change: float, within: float, ratio: float) -> None:
@@ -124,15 +125,16 @@ def _resize(memo: MemoText, source: SentenceSource, change: float, within: float
         change += _sentence_tokens(memo, index, memo.sentences.pop(), ratio)
     while change > within:
         index = len(memo.sentences)
-        sized = [(_sentence_tokens(memo, index, sentence, ratio), sentence)
-                 for sentence in (source.next() for _ in range(FITTING_CANDIDATES))]
-        size, best = min(sized, key=lambda pair: abs(change - pair[0]))
+        sized = [(_sentence_tokens(memo, index, sentence, ratio, spaced), sentence, spaced)
+                 for sentence, spaced in (source.next_sized() for _ in range(FITTING_CANDIDATES))]
+        size, best, spaced = min(sized, key=lambda entry: abs(change - entry[0]))
         if size > change + within:
             # every whole sentence overshoots (a sentence is 25-60 tokens on a small vocabulary, more than
             # twice the tolerance): the best one cut short at a word
             best = min((" ".join(best.split()[:words]).rstrip(".,;") + "." for words in range(2, len(best.split()))),
                        key=lambda cut: abs(change - _sentence_tokens(memo, index, cut, ratio)))
-        change -= _append(memo, best, ratio)
+            spaced = None
+        change -= _append(memo, best, spaced, ratio)
 
 
 async def _move_code(counter: TokenCounter, memo: MemoText, want: float, measured: int, start: int,

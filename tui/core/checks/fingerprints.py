@@ -84,11 +84,10 @@ class FingerprintBook:
         self._prepared: dict[int, tuple[list, tuple, tuple]] = {}   # id -> (logprobs, prepared, chosen tokens)
         self._pairs: dict[tuple[int, int], FingerprintMatch] = {}
         self._told: dict[tuple[str, str], bool] = {}     # (memo, task) -> told apart from all; cleared on add, retire
-        # Stored keys by memo and by (task, chosen tokens), in the order first stored: only fingerprints with the
-        # same chosen tokens can be alike (distinct), so "which memos is this one alike to" reads one small
-        # group instead of every fingerprint (120,075 `distinct` asks in a 128-stream soak on an H100, 2026-12-06)
+        # Stored keys by memo, and by (task, chosen tokens) and cell: only fingerprints with the same chosen tokens
+        # can be alike (distinct), so "which memos is this one alike to" reads one small group instead of every
+        # fingerprint (120,075 `distinct` asks in a 128-stream soak on an H100, 2026-12-06)
         self._keys_of_memo: dict[str, dict[str, None]] = {}
-        self._keys_by_tokens: dict[tuple[str, tuple], dict[str, None]] = {}
         self._position: dict[str, int] = {}               # key -> its place in _by_prompt (kept on a re-store)
         # Within a group, keys by the cells their first chosen tokens' log-probabilities fall in: two fingerprints
         # alike are at most tolerance + margin apart on every chosen token, so in neighbouring cells. A question
@@ -160,14 +159,11 @@ class FingerprintBook:
         old = self._by_prompt.get(key)
         if old is not None:                      # a prompt stored again: its old fingerprint leaves its groups
             self._keys_of_memo[old.memo].pop(key, None)
-            group = (old.task, self._chosen(old.logprobs))
-            self._keys_by_tokens[group].pop(key, None)
-            self._cells[group][self._cell(old)].pop(key, None)
+            self._cells[old.task, self._chosen(old.logprobs)][self._cell(old)].pop(key, None)
         self._position.setdefault(key, len(self._position))
         self._by_prompt[key] = fingerprint
         self._keys_of_memo.setdefault(fingerprint.memo, {})[key] = None
         group = (fingerprint.task, self._chosen(fingerprint.logprobs))
-        self._keys_by_tokens.setdefault(group, {})[key] = None
         self._cells.setdefault(group, {}).setdefault(self._cell(fingerprint), {})[key] = None
         self._told.clear()
         return [other for other in self._could_be_alike(fingerprint)

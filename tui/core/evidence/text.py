@@ -80,7 +80,8 @@ class SentenceSource:
     def next_sized(self) -> tuple[str, int]:
         """The next sentence (the one next() would give) and estimate_tokens(" " + sentence), added up from
         its template's and its words' counts (spaced_counts) instead of encoding it: a memo's sizing estimates
-        about 60 sentences, a twelfth of hitproof's CPU at 128 streams on an H100 (cProfile, 2026-12-06)."""
+        60-110 sentences (the encodes were a twentieth of hitproof's profiled CPU at 128 streams on an H100, and
+        sizing memos a fifth: cProfile, 2026-12-06, run T)."""
         template, words = self._draw()
         base, used, counts = spaced_counts()
         return _fill(template, words), base[template] + sum(counts[i][words[i]] for i in used[template])
@@ -88,7 +89,7 @@ class SentenceSource:
     def _draw(self) -> tuple[str, tuple[str, ...]]:
         """A template, then a word for each slot: each as random.choice draws it (an index of as many bits as
         the list's length has, drawn again while it is past the end), without its two calls a draw (seven
-        draws a sentence, 60-110 sentences a memo: half of sizing one, 2026-12-06; test_sentence_counts.py
+        draws a sentence, 60-110 sentences a memo: a quarter of sizing one, 2026-12-06; test_sentence_counts.py
         holds the stream equal to random.choice's)."""
         bits = self._bits
         drawn = []

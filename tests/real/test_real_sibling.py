@@ -66,7 +66,11 @@ async def test_a_clean_llamacpp_under_a_tolerance_below_its_noise_never_fails(ge
     fails = [f for f in report["findings"] if f["severity"] == "fail"]
     assert fails == [], out
     assert code in (0, 4), out
-    explained = by_verdict(report, "sibling_same_cost")
+    # The sibling explains the hit's cost in both: "sibling_same_cost" (info), or "sibling_untold" (a warn, the phase
+    # inconclusive) where the nearest other prompt's answer is no farther than the hit. Seen once in CI (cc6a496,
+    # 2026-12-06: the sibling 0.2385 apart, 0.1192 at the second position, the other prompt's answer as near; the
+    # same commit then gave sibling_same_cost four runs in a row here). Neither is a FAIL.
+    explained = by_verdict(report, "sibling_same_cost") + by_verdict(report, "sibling_untold")
     assert explained, "no hit left the tolerance: the sibling path did not run (tighten TIGHT)\n" + out
     for f in explained:
         e = f["evidence"]

@@ -171,9 +171,8 @@ class FingerprintBook:
 
     def _cell(self, fp: Fingerprint) -> tuple | None:
         """Which cell fp's first CELL_TOKENS chosen tokens' log-probabilities fall in (None: one is missing)."""
-        ready = self._ready(fp.logprobs)[:CELL_TOKENS]
-        values = [entries.get(token) for token, entries in ready]
-        if not all(value is not None and math.isfinite(value) for value in values):
+        values = self._chosen_values(fp, CELL_TOKENS)
+        if None in values:
             return None
         return tuple(int(math.floor(value / self._cell_width)) for value in values)
 

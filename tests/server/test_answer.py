@@ -92,3 +92,18 @@ def test_a_malformed_chunk_after_the_first_text_is_still_an_error():
         read([(good, 1 * MS), (b"data: {not json\n\n", 2 * MS), (b"data: [DONE]\n\n", 3 * MS)])
     with pytest.raises(StreamError, match="server error in stream"):
         read([(good, 1 * MS), (b"event: error\ndata: overloaded\n\n", 2 * MS)])
+
+
+@pytest.mark.parametrize("data", [
+    {"tokens": [" a"], "token_logprobs": [-0.5], "top_logprobs": [{" a": -0.5, " b": -1.0}]},
+    {"tokens": [" a"], "token_logprobs": [], "top_logprobs": []},
+    {"tokens": [" a"]},
+    {"tokens": [" a"], "token_logprobs": [None], "top_logprobs": [None]},
+])
+def test_one_token_logprobs_read_as_the_loop_reads_them(data):
+    """A streamed chunk's one token (the shortcut) reads as the same token among others would."""
+    from tui.core.server.wire import parse_logprobs
+
+    two = {"tokens": data["tokens"] * 2, "token_logprobs": (data.get("token_logprobs") or [None]) * 2,
+           "top_logprobs": (data.get("top_logprobs") or [None]) * 2}
+    assert parse_logprobs(data) == parse_logprobs(two)[:1]

@@ -290,3 +290,63 @@ def test_a_few_known_bad_scenarios(text):
     with pytest.raises(BadInput) as caught:
         parse_scenario(text, "bad.toml")
     one_line(caught.value)
+
+
+class _Declining(SSEDecoder):
+    """The decoder with its fast path off: every block through feed()."""
+
+    __slots__ = ()
+
+    def plain_data(self, data: bytes) -> None:
+        return None
+
+
+def _decoded(decoder: SSEDecoder, data: bytes) -> list[tuple[str, str]]:
+    return [(e.event, e.data) for e in decoder.feed(data)]
+
+
+@FUZZ
+@given(data=SSE_BYTES, before=SSE_BYTES)
+def test_plain_data_is_what_feed_dispatches_or_declines(data, before):
+    """SSEDecoder.plain_data (the answer reader's fast path) gives, for whatever it takes, the data feed()
+    would dispatch (as message events) and leaves the decoder as feed() would; anything else it declines."""
+    fast, slow = SSEDecoder(), SSEDecoder()
+    fast.feed(before)
+    slow.feed(before)
+    payloads = fast.plain_data(data)
+    expected = _decoded(slow, data)
+    if payloads is None:
+        assert _decoded(fast, data) == expected
+    else:
+        assert [("message", p.decode("utf-8", "replace")) for p in payloads] == expected
+    assert [(e.event, e.data, e.id) for e in fast.feed(b"data: next\n\n") + fast.close()] == \
+        [(e.event, e.data, e.id) for e in slow.feed(b"data: next\n\n") + slow.close()]
+
+
+@FUZZ
+@given(events=st.lists(st.one_of(
+    st.dictionaries(st.sampled_from(["text", "x", "finish_reason"]), st.text(max_size=8), max_size=3).map(
+        lambda choice: b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"),
+    st.sampled_from([b"data: [DONE]\n\n", b": keep-alive\n\n", b"data: {\"choices\": []}\r\n\r\n",
+                     b"data: {\"choices\": [{\"text\": \"\xff\xfe\"}]}\n\n", b"data: \n\n", b"data: 7\n\n",
+                     b"event: error\ndata: boom\n\n", b"data: {\"a\":\ndata: 1}\n\n"])), max_size=8))
+def test_the_answer_reader_reads_the_same_with_and_without_the_fast_path(events):
+    """Every body, fast path or not: the same text, chunks, done, and the same error (one line)."""
+    from tui.core.server.answer import AnswerReader
+    from tui.core.server.wire import Completion
+
+    def read(fast: bool):
+        result = Completion()
+        reader = AnswerReader(result, False, None)
+        if not fast:
+            reader.decoder = _Declining()
+        try:
+            for i, event in enumerate(events):
+                reader.feed(event, i + 1, 0)
+            reader.finish()
+        except StreamError as exc:
+            one_line(exc)
+            return ("error", str(exc))
+        return (result.text, result.chunks, reader.done, result.finish_reason)
+
+    assert read(True) == read(False)

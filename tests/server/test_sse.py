@@ -245,3 +245,15 @@ async def test_an_error_event_is_a_stream_error_and_other_types_are_skipped():
     assert (await stream_parts([ok])).text == "a"
     with pytest.raises(StreamError, match="server error in stream: overloaded"):
         await stream_parts([b'event: error\ndata: {"error": {"message": "overloaded"}}\n\n'])
+
+
+def test_plain_data_takes_the_usual_block_and_declines_the_rest():
+    decoder = SSEDecoder()
+    assert decoder.plain_data(b"data: {}\n\n") is None            # the first read: a BOM may come (feed)
+    decoder.feed(b"data: {}\n\n")
+    assert decoder.plain_data(b'data: {"a":1}\n\ndata: [DONE]\n\n') == [b'{"a":1}', b"[DONE]"]
+    for odd in (b"data: a\r\n\r\n", b": ping\n\ndata: a\n\n", b"data: a\ndata: b\n\n", b"event: e\ndata: a\n\n",
+                b"data: a\n\n\n", b"data: a\n", b"data:a\n\n", b"id: 3\ndata: a\n\n", b""):
+        assert decoder.plain_data(odd) is None, odd
+    decoder.feed(b"data: half")                                    # a line held from an earlier read
+    assert decoder.plain_data(b"data: a\n\n") is None

@@ -52,3 +52,26 @@ def test_prompt_key_is_kept_per_spec_and_tells_prompts_and_identities_apart():
     assert prompt_key(dataclasses.replace(spec, extra={"lora": [1]})) != key
     chat = RequestSpec(api="chat", max_tokens=12, messages=[{"role": "user", "content": "hi"}])
     assert prompt_key(chat) != prompt_key(dataclasses.replace(chat, messages=[{"role": "user", "content": "ho"}]))
+
+
+def test_prompt_key_of_a_copy_holding_the_same_prompt_string_is_the_hashed_one():
+    """Each send copies its spec (its own request id): the key is kept by the prompt string too, and
+    still tells models, adapter fields and an equal prompt in another string apart exactly as hashing does."""
+    import dataclasses
+    import hashlib
+
+    from tui.core.server.client import RequestSpec
+    from tui.core.soak import record
+
+    text = "memo two " * 100
+    spec = RequestSpec(api="completions", max_tokens=12, prompt=text, model="m")
+    key = record.prompt_key(spec)
+    assert key == hashlib.sha1((text + "\x00model:m").encode()).hexdigest()
+    copies = [dataclasses.replace(spec, request_id=f"r{i}") for i in range(3)]
+    assert [record.prompt_key(c) for c in copies] == [key] * 3
+    assert id(text) in record._keys_by_text
+    other_model = dataclasses.replace(spec, model="n", request_id="r9")
+    assert record.prompt_key(other_model) == hashlib.sha1((text + "\x00model:n").encode()).hexdigest()
+    assert record.prompt_key(dataclasses.replace(spec, extra={"lora": [1]}, request_id="r8")) not in (key,)
+    equal_text = "".join(["memo two "] * 100)          # equal, another object: hashed, the same key
+    assert equal_text is not text and record.prompt_key(dataclasses.replace(spec, prompt=equal_text)) == key

@@ -55,9 +55,9 @@ class AnswerReader:
         if result.ttft_s is not None:
             self.pending.append(raw)
             if self.on_text is not None and arrived - self.texted >= self.every_ns:
-                self._tell(self._take(self.decoder.feed(b"".join(self.pending))), arrived)
+                self._tell(self._parse(b"".join(self.pending)), arrived)
             return
-        text = self._take(self.decoder.feed(raw))
+        text = self._parse(raw)
         if text:
             result.ttft_s = (arrived - started) / 1e9
             self._tell(text, arrived)
@@ -73,7 +73,7 @@ class AnswerReader:
     def finish(self) -> None:
         """The body ended: what is left, and a last event without its blank line (see SSEDecoder.close)."""
         if self.pending:
-            self.parts.append(self._take(self.decoder.feed(b"".join(self.pending))))
+            self.parts.append(self._parse(b"".join(self.pending)))
             self.pending.clear()
         self.parts.append(self._take(self.decoder.close()))
         self.result.text = "".join(self.parts)
@@ -85,6 +85,28 @@ class AnswerReader:
             if self.on_text is not None:
                 self.texted = arrived
                 self.on_text(text)
+
+    def _parse(self, block: bytes) -> str:
+        """The text of the events `block` completes, parsed into the Completion: the usual block (whole
+        `data:` lines, SSEDecoder.plain_data) straight from its bytes, anything else through the decoder."""
+        payloads = self.decoder.plain_data(block)
+        if payloads is None:
+            return self._take(self.decoder.feed(block))
+        texts = []
+        result, chat = self.result, self.chat
+        for payload in payloads:
+            if payload.startswith(b"[DONE]"):
+                self.done = True
+                continue
+            try:
+                chunk = orjson.loads(payload)
+            except orjson.JSONDecodeError:        # as the decoder hands it over (bad UTF-8 replaced), or its error
+                text = absorb(payload.decode("utf-8", "replace"), result, chat)
+            else:
+                text = absorb_chunk(chunk, payload, result, chat)
+            if text:
+                texts.append(text)
+        return texts[0] if len(texts) == 1 else "".join(texts)
 
     def _take(self, events: list[Event]) -> str:
         texts = []
@@ -114,7 +136,14 @@ def absorb(payload: str, result: Completion, chat: bool) -> str:
         chunk = orjson.loads(payload)
     except orjson.JSONDecodeError:
         raise StreamError(f"malformed stream chunk: {payload[:80]!r}") from None
+    return absorb_chunk(chunk, payload, result, chat)
+
+
+def absorb_chunk(chunk, payload: str | bytes, result: Completion, chat: bool) -> str:
+    """One parsed chunk into the Completion; its text. `payload`: the chunk as it came (errors quote it)."""
     if not isinstance(chunk, dict):
+        if isinstance(payload, bytes):
+            payload = payload.decode("utf-8", "replace")
         raise StreamError(f"malformed stream chunk: {payload[:80]!r}")
     if "error" in chunk:
         raise StreamError(f"server error in stream: {_error_text(json.dumps(chunk['error']))}")

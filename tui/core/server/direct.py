@@ -22,21 +22,16 @@ REQUEST_ID_HEADER = "X-Request-Id"
 def header_dict(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
     """dict(httpx.Headers(raw)): names lower-cased, values of a repeated name joined with ", ", decoded as
     ASCII, else UTF-8, else ISO-8859-1 (httpx's Headers.encoding: one encoding for all of them)."""
-    encoding = "iso-8859-1"
-    for candidate in ("ascii", "utf-8"):
+    for encoding in ("ascii", "utf-8", "iso-8859-1"):      # the first that decodes every name and value
+        out: dict[str, str] = {}
         try:
             for name, value in raw:
-                name.decode(candidate)
-                value.decode(candidate)
+                key, text = name.decode(encoding).lower(), value.decode(encoding)
+                out[key] = f"{out[key]}, {text}" if key in out else text
         except UnicodeDecodeError:
             continue
-        encoding = candidate
-        break
-    out: dict[str, str] = {}
-    for name, value in raw:
-        key, text = name.decode(encoding).lower(), value.decode(encoding)
-        out[key] = f"{out[key]}, {text}" if key in out else text
-    return out
+        return out
+    raise AssertionError("ISO-8859-1 decodes any byte")
 
 
 class StreamHead:

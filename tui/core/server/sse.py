@@ -93,6 +93,25 @@ class SSEDecoder:
                 self._field(line)
         return out
 
+    def plain_data(self, data: bytes) -> list[bytes] | None:
+        """The data of each event in `data`, undecoded, when `data` is whole events of one `data: ` line each
+        ending in LF (what vLLM, llama.cpp and SGLang send) and nothing is held from earlier reads: the events
+        feed() would dispatch, each of type "message" and its data these bytes as UTF-8 with replacement, and
+        the decoder left as feed() leaves it. None for anything else (feed() decodes that). Half the cost of
+        an answer's parse was feed()'s line loop and its Event objects (issue 34)."""
+        if (self._pending or self._cr or self._start or self._data or self._event or self._retry is not None
+                or not data.endswith(b"\n\n") or 13 in data):
+            return None
+        lines = data[:-2].split(b"\n\n")
+        if data.count(b"\n") != 2 * len(lines):          # another line end inside: not one line an event
+            return None
+        out = []
+        for line in lines:
+            if not line.startswith(b"data: "):
+                return None
+            out.append(line[6:])
+        return out
+
     def close(self) -> list[Event]:
         """The end of the body. The standard discards an event whose blank line never came; OpenAI-
         compatible servers (vLLM, llama.cpp, SGLang) end every event with one, but a proxy or a small

@@ -110,6 +110,9 @@ def parse_logprobs(data: dict) -> list[list]:
     tokens = data.get("tokens") or []
     values = data.get("token_logprobs") or []
     tops = data.get("top_logprobs") or []
+    if len(tokens) == 1:        # a streamed chunk's one token (vLLM): the loop below, without the loop
+        top = tops[0] if tops and isinstance(tops[0], dict) else {}
+        return [[tokens[0], values[0] if values else None, [[k, v] for k, v in top.items()]]]
     for i, token in enumerate(tokens):
         top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
         out.append([token, values[i] if i < len(values) else None, [[k, v] for k, v in top.items()]])

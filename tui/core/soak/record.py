@@ -164,6 +164,7 @@ def shared_chars(a: str, b: str) -> int:
 
 KEEP_KEYS = 2048          # prompt keys kept, by request spec (a lineage walks back through recent records)
 _keys: collections.OrderedDict[int, tuple[RequestSpec, str]] = collections.OrderedDict()
+_keys_by_text: collections.OrderedDict[int, tuple[str, str, str]] = collections.OrderedDict()
 
 
 def prompt_key(spec: RequestSpec) -> str:
@@ -173,16 +174,30 @@ def prompt_key(spec: RequestSpec) -> str:
     kept = _keys.get(id(spec))
     if kept is not None and kept[0] is spec:
         return kept[1]
+    # each send is a copy of its phase's spec (its own request id) holding the same prompt string: a
+    # completions prompt's key is kept by that string too (a SHA-1 of 6-8 KB a request otherwise)
+    text = spec.prompt if spec.prompt is not None and not spec.extra else None
+    if text is not None:
+        same = _keys_by_text.get(id(text))
+        if same is not None and same[0] is text and same[1] == spec.model:
+            _keep(_keys, id(spec), (spec, same[2]))
+            return same[2]
     body = prompt_text(spec)
     if spec.extra:
         body += "\x00" + orjson.dumps(spec.extra, option=orjson.OPT_SORT_KEYS).decode()
     if spec.model:
         body += "\x00model:" + spec.model
     key = hashlib.sha1(body.encode()).hexdigest()
-    _keys[id(spec)] = (spec, key)
-    if len(_keys) > KEEP_KEYS:
-        _keys.popitem(last=False)
+    _keep(_keys, id(spec), (spec, key))
+    if text is not None:
+        _keep(_keys_by_text, id(text), (text, spec.model, key))
     return key
+
+
+def _keep(kept: collections.OrderedDict, key: int, value: tuple) -> None:
+    kept[key] = value
+    if len(kept) > KEEP_KEYS:
+        kept.popitem(last=False)
 
 
 class Sender(Protocol):

@@ -43,3 +43,51 @@ def test_next_draws_as_it_always_did():
                                         name=r.choice(_SLOTS[4][1]), num=r.choice(_SLOTS[5][1])) for _ in range(50)]
     source = SentenceSource("seed")
     assert [source.next() for _ in range(50)] == want
+
+
+def test_a_sentence_opening_a_section_counts_as_the_heading_and_the_sentence_encoded_together():
+    """memos._sentence_tokens adds a heading's count (without its last space) to the sentence's spaced count:
+    equal to encoding both together, for every heading a memo has, with random, cut-short and code sentences;
+    a sentence that does not start with a word is encoded with its heading."""
+    from tui.core.evidence.memos import _sentence_tokens
+    from tui.core.evidence.text import MemoText, code_sentence, section_heading
+
+    memo = MemoText(memo_id="m1", nonce="n", code=None)
+    source = SentenceSource("headings")
+    rng = random.Random(3)
+    for number in range(1, 121):
+        index = (number - 1) * memo.sentences_per_section
+        sentence, spaced = source.next_sized()
+        words = sentence.split()
+        cut = " ".join(words[:rng.randint(2, len(words) - 1)]).rstrip(".,;") + "."
+        for text, known in ((sentence, spaced), (sentence, None), (cut, None),
+                            (code_sentence(f"{rng.randint(1000, 9999)}-0042-{number:04d}"), None),
+                            ("1234 opens it.", None), ("(a) note.", None)):
+            assert _sentence_tokens(memo, index, text, 1.0, known) == estimate_tokens(section_heading(number) + text)
+
+
+def test_a_memos_estimate_added_up_from_its_parts_is_the_encoders():
+    """memos.estimated: the heading's, the section headings' and the sentences' counts, less one a section,
+    equal to encoding the whole memo, for memos of 0 to 80 sentences with code and cut-short sentences among
+    them and ids of every shape; a sentence that does not end in a word and a full stop makes it encode all."""
+    from tui.core.evidence.memos import estimated
+    from tui.core.evidence.text import MemoText, code_sentence
+
+    rng = random.Random(5)
+    for m in range(250):
+        memo = MemoText(memo_id=rng.choice([f"m{m:02d}", f"m{m}-rot{m % 7}-redraw2", f"m{m}-shared"]),
+                        nonce=rng.choice(["tsjeygbs", "a1b2c3d4"]), code=None)
+        source = SentenceSource(f"7:m{m}")
+        for _ in range(rng.randint(0, 80)):
+            sentence, spaced = source.next_sized()
+            if rng.random() < 0.1:
+                words = sentence.split()
+                sentence, spaced = " ".join(words[:rng.randint(2, len(words) - 1)]).rstrip(".,;") + ".", None
+            elif rng.random() < 0.05:
+                sentence, spaced = code_sentence(f"{rng.randint(1000, 9999)}-{rng.randint(1000, 9999)}-0042"), None
+            memo.sentences.append(sentence)
+            if spaced is not None and rng.random() < 0.8:
+                memo.spaced[sentence] = spaced
+        assert estimated(memo) == estimate_tokens(memo.render()), memo.memo_id
+    odd = MemoText(memo_id="m1", nonce="n", code=None, sentences=["It ends here!", "Then this."])
+    assert estimated(odd) == estimate_tokens(odd.render())

@@ -148,6 +148,7 @@ class MemoText:
     sentences: list[str] = field(default_factory=list)
     code_index: int | None = None
     sentences_per_section: int = 6
+    spaced: dict[str, int] = field(default_factory=dict)    # sentence -> estimate_tokens(" " + it), where known
 
     def render(self) -> str:
         parts = [memo_heading(self.memo_id, self.nonce)]

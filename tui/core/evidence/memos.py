@@ -136,7 +136,7 @@ def estimated(memo: MemoText) -> int:
         spaced = memo.spaced.get(sentence)
         if spaced is None:
             spaced = memo.spaced[sentence] = estimate_tokens(" " + sentence)
-        total += spaced + (_heading_tokens(index // per_section + 1) - 1 if index % per_section == 0 else 0)
+        total += int(_sentence_tokens(memo, index, sentence, 1.0, spaced)) - (index % per_section == 0)
     return total
 
 

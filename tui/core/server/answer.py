@@ -12,7 +12,7 @@ when that chunk is parsed (by the stream's end at the latest).
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import orjson
 
@@ -90,12 +90,26 @@ class AnswerReader:
         """The text of the events `block` completes, parsed into the Completion: the usual block (whole
         `data:` lines, SSEDecoder.plain_data) straight from its bytes, anything else through the decoder."""
         payloads = self.decoder.plain_data(block)
-        if payloads is None:
-            return self._take(self.decoder.feed(block))
+        return self._texts(self._messages(self.decoder.feed(block)) if payloads is None else payloads)
+
+    def _take(self, events: list[Event]) -> str:
+        return self._texts(self._messages(events))
+
+    @staticmethod
+    def _messages(events: list[Event]) -> Iterator[bytes]:
+        """The data of the message events, in order (another event type: other_event, where it stands)."""
+        for event in events:
+            if event.event != "message":
+                other_event(event)
+                continue
+            yield event.data.encode()
+
+    def _texts(self, payloads: Iterable[bytes]) -> str:
+        """Each message's data into the Completion; their text."""
         texts = []
         result, chat = self.result, self.chat
         for payload in payloads:
-            if payload.startswith(b"[DONE]"):
+            if payload.startswith(b"[DONE]"):     # as openai-python reads it
                 self.done = True
                 continue
             try:
@@ -104,20 +118,6 @@ class AnswerReader:
                 text = absorb(payload.decode("utf-8", "replace"), result, chat)
             else:
                 text = absorb_chunk(chunk, payload, result, chat)
-            if text:
-                texts.append(text)
-        return texts[0] if len(texts) == 1 else "".join(texts)
-
-    def _take(self, events: list[Event]) -> str:
-        texts = []
-        for event in events:
-            if event.event != "message":
-                other_event(event)
-                continue
-            if event.data.startswith("[DONE]"):     # as openai-python reads it
-                self.done = True
-                continue
-            text = absorb(event.data, self.result, self.chat)
             if text:
                 texts.append(text)
         return texts[0] if len(texts) == 1 else "".join(texts)

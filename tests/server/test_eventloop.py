@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import signal
 import warnings
 
 import pytest
@@ -55,6 +57,44 @@ def test_a_bad_choice_runs_nothing_and_leaves_no_coroutine_behind(monkeypatch):
         with pytest.raises(BadInput):
             eventloop.run(main())
     assert ran == []
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+@pytest.mark.parametrize("sigint", [signal.default_int_handler, signal.SIG_IGN], ids=["sigint-default", "sigint-ignored"])
+def test_sigterm_cancels_the_main_task_then_interrupts(monkeypatch, loop, sigint):
+    """SIGTERM ends a run as Ctrl-C does: the main task cancelled (its cleanup runs), then KeyboardInterrupt,
+    whether or not SIGINT is ignored; the handlers before it are back afterwards."""
+    cleaned = []
+
+    async def main():
+        asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGTERM)
+        try:
+            await asyncio.sleep(30)
+        finally:
+            cleaned.append(asyncio.current_task().cancelling())
+
+    monkeypatch.setenv("HITPROOF_EVENT_LOOP", loop)
+    before_int = signal.signal(signal.SIGINT, sigint)
+    before_term = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            eventloop.run(main())
+        assert cleaned == [1]                                  # cancelled once, and its finally ran
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and signal.getsignal(signal.SIGINT) == sigint
+    finally:
+        signal.signal(signal.SIGINT, before_int)
+        signal.signal(signal.SIGTERM, before_term)
+
+
+def test_an_ignored_sigterm_stays_ignored(monkeypatch):
+    async def main():
+        return signal.getsignal(signal.SIGTERM)
+
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        assert eventloop.run(main()) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 async def test_the_command_line_says_a_bad_choice_in_one_line(tmp_path):

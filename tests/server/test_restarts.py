@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from support.cli import ROOT, report_json, run_hitproof
 from support.reordering_proxy import ReorderingProxy
 from tui.core.server.metrics import MetricSnapshot
@@ -100,11 +98,12 @@ async def test_in_order_reads_again_when_a_scrape_shows_a_restart_sign():
 
 # --- end to end: the reference server behind a reordering proxy --------------------------------------------
 
-@pytest.mark.parametrize("stale_every", [0, 5], ids=["delayed", "delayed-and-stale"])
-async def test_quick_soak_through_a_reordering_proxy_never_errors(tmp_path, stale_every):
+async def test_quick_soak_through_a_reordering_proxy_never_errors(tmp_path):
     """Every other scrape answered 0.4 s late (on the code before issue 26 a later scrape overtook it:
-    exit 3, "its counter vllm:generation_tokens_total went back from 859 to 835"); with `stale_every`,
-    every fifth answered with a body two scrapes old, as a gateway caching /metrics would."""
+    exit 3, "its counter vllm:generation_tokens_total went back from 859 to 835"), and every fifth
+    answered with a body two scrapes old, as a gateway caching /metrics would. One soak has both: a
+    second soak with the delays alone (the late scrapes are most of both) cost the fast tier 43 s."""
+    stale_every = 5
     handle = await start_refserver(port=0, fault="none")
     proxy = await ReorderingProxy(handle.url, stale_every=stale_every).start()
     log = tmp_path / "run.jsonl"
@@ -115,7 +114,7 @@ async def test_quick_soak_through_a_reordering_proxy_never_errors(tmp_path, stal
         await proxy.close()
         await handle.close()
     assert proxy.delayed > 5 and proxy.generations > 50, (proxy.delayed, proxy.generations)
-    assert proxy.stale > 3 or not stale_every, proxy.stale
+    assert proxy.stale > 3, proxy.stale
     assert result.code in (0, 4), result.out + result.err
     assert "restarted" not in result.out + result.err
     report = report_json(log)

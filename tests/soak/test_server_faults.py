@@ -192,8 +192,13 @@ async def test_a_stream_cut_before_its_finish_reason_exits_3(refserver, tmp_path
 @pytest.mark.parametrize("down", [1.0, 0.0], ids=["refused-for-a-second", "switched-between-requests"])
 async def test_a_restart_mid_soak_ends_the_run_and_keeps_the_log(refserver, tmp_path, down):
     spare = await start_refserver(port=0, fault="none")
-    # after the resume calibration's 9 requests (3 prompts, each cold and resumed twice), inside cold_hit
-    proxy = await FaultProxy(refserver.url, "restart", after=14, spare=spare.url, down=down).start()
+    # Generation requests: the cache-report probe, the resume calibration's 9 (3 prompts, each cold and
+    # resumed twice), cold_hit's 3 to 5 (it re-runs some), conversation's 3. The switch must come after
+    # cold_hit's closing scrape: cold_hit's opening one, before the calibration, is the old server's only
+    # reading, and a new server's counters pass it within one request (a fast-tier run under load,
+    # 2026-12-06: cold_hit ran 5, after=14 switched inside it, no counter went back, the run passed).
+    # after=15: inside conversation whether cold_hit ran 3 or 5.
+    proxy = await FaultProxy(refserver.url, "restart", after=15, spare=spare.url, down=down).start()
     try:
         result, events = await soak(tmp_path, proxy.url, '["cold_hit", "conversation", "control"]')
     finally:

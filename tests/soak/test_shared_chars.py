@@ -75,3 +75,21 @@ def test_prompt_key_of_a_copy_holding_the_same_prompt_string_is_the_hashed_one()
     assert record.prompt_key(dataclasses.replace(spec, extra={"lora": [1]}, request_id="r8")) not in (key,)
     equal_text = "".join(["memo two "] * 100)          # equal, another object: hashed, the same key
     assert equal_text is not text and record.prompt_key(dataclasses.replace(spec, prompt=equal_text)) == key
+
+
+def test_a_memo_asked_the_same_question_again_is_the_same_prompt_string():
+    """joined_prompt gives one string object for a memo's text and a question, so prompt_key finds a
+    rotation round's prompt by its string instead of hashing it again; another text, another question, or
+    an equal text in another object is joined anew, and every join equals context + suffix."""
+    from tui.core.soak import record
+
+    memo = "A memo. " * 500
+    first = record.joined_prompt(memo, " Q: the code?")
+    assert first == memo + " Q: the code?" and record.joined_prompt(memo, " Q: the code?") is first
+    assert record.joined_prompt(memo, " Q: a summary?") == memo + " Q: a summary?"
+    twin = "".join(["A memo. "] * 500)
+    again = record.joined_prompt(twin, " Q: the code?")
+    assert again == first and again is not first
+    for i in range(record.KEEP_JOINED + 5):                   # bounded: the oldest go first
+        record.joined_prompt(f"memo {i}", "?")
+    assert len(record._joined) == record.KEEP_JOINED

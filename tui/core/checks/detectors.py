@@ -130,15 +130,16 @@ def find_repetition(answer: str, min_repeats: int = 8, max_unit_chars: int = 12)
 def _may_repeat(answer: str, min_repeats: int, max_unit_chars: int) -> bool:
     """A necessary condition for find_repetition's pattern, several times cheaper than the regex
     on a long answer: a unit of u characters repeated min_repeats times means answer[j] ==
-    answer[j + u] for (min_repeats - 1) * u positions in a row. In UTF-32 every character is 4
-    bytes, so the answer XOR itself shifted by u characters has that many zero bytes in a row."""
-    data = answer.encode("utf-32-le")
-    size = len(data)
+    answer[j + u] for (min_repeats - 1) * u positions in a row. A character is 1 byte in ASCII (most
+    answers), 4 in UTF-32, so the answer as one integer XOR itself shifted by u characters has that
+    many zero bytes in a row (4 against 10 us for 71 characters, about 1% of a request at 128 streams)."""
+    data, width = (answer.encode("ascii"), 1) if answer.isascii() else (answer.encode("utf-32-le"), 4)
+    size, whole = len(data), int.from_bytes(data, "little")
     for unit in range(1, max_unit_chars + 1):
-        shift, need = 4 * unit, 4 * (min_repeats - 1) * unit
+        shift, need = width * unit, width * (min_repeats - 1) * unit
         if size - shift < need:
             break
-        same = int.from_bytes(data[:size - shift], "little") ^ int.from_bytes(data[shift:], "little")
+        same = (whole >> (8 * shift)) ^ (whole & ((1 << (8 * (size - shift))) - 1))   # data[shift:] ^ data[:-shift]
         if same.to_bytes(size - shift, "little").find(bytes(need)) >= 0:
             return True
     return False

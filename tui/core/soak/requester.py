@@ -24,7 +24,7 @@ from .judge import Judge
 from .memo_stock import MemoStock
 from ..server.replicas import ROUTER_SEND_FAILED, Served, Signature, named_by_response
 from .proof import UNKNOWN, CacheProof, CounterWindows
-from .record import DeltaCoalescer, Overlap, Record, concurrently
+from .record import DeltaCoalescer, Overlap, Record, concurrently, joined_prompt
 from .writers import Writers
 from .replica_proof import ReplicaWindows
 from .state import PhaseState
@@ -175,7 +175,7 @@ class Requester:
         if self.scenario.api == "chat":
             return self.spec(messages=[{"role": "user", "content": f"{context}\n\n{chat_question}"}],
                              max_tokens=max_tokens, salt=salt, logprobs=logprobs)
-        return self.spec(prompt=context + suffix, max_tokens=max_tokens, salt=salt, logprobs=logprobs)
+        return self.spec(prompt=joined_prompt(context, suffix), max_tokens=max_tokens, salt=salt, logprobs=logprobs)
 
     def spec(self, *, prompt: str | None = None, messages: list | None = None, max_tokens: int,
              salt: str | None = None, stop: list[str] | None = None, logprobs: int | None = None) -> RequestSpec:

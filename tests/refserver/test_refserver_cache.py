@@ -136,6 +136,32 @@ def test_model_recall_summary_and_continuation():
     assert len(generate(tokenize("Once upon a time"), 7).pieces) == 7
 
 
+def test_a_memo_without_a_code_answers_its_own_continuation_when_asked():
+    """--distinct-no-code: a recall question about a code-less memo answers a continuation of that memo
+    (the same every time, another for another memo) instead of one sentence for every memo; a memo with a
+    code answers its code either way."""
+    from tui.refserver.model import NO_CODE_ANSWER
+
+    plain = [MEMO.replace("The code is 7395-2841-6620. ", word) for word in ("", "The vendor paid. ")]
+    asked = [memo + "\n\nQuestion: What is the reconciliation code?\nAnswer:" for memo in plain]
+
+    def answer(prompt: str, distinct: bool) -> str:
+        return "".join(generate(tokenize(prompt), 12, distinct_no_code=distinct).pieces)
+
+    assert [answer(a, False) for a in asked] == [NO_CODE_ANSWER] * 2
+    first, second = (answer(a, True) for a in asked)
+    assert first != second and NO_CODE_ANSWER not in (first, second) and answer(asked[0], True) == first
+    coded = MEMO + "\n\nQuestion: What is the reconciliation code?\nAnswer:"
+    assert answer(coded, True) == answer(coded, False) == " 7395-2841-6620."
+    import argparse
+
+    from tui.refserver.cli import _config, configure
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    assert _config(parser.parse_args(["--distinct-no-code"])).distinct_no_code
+    assert not _config(parser.parse_args([])).distinct_no_code
+
+
 def test_model_question_inside_a_long_user_turn():
     chat = "User: " + MEMO.replace("\n\n", "\n") + "\nWhat is the reconciliation code?\nAssistant:"
     context, question = split_question(chat)

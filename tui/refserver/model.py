@@ -50,6 +50,7 @@ DRIFT_WORD_RE = re.compile(r"\b[A-Za-z]{3,}\b")
 NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5,
            "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
 NO_CODE_ANSWER = " not stated in the memo; the ledger totals were reconciled."
+RECALL_WORDS = 10                  # a distinct no-code answer's words (NO_CODE_ANSWER's length)
 RECALL_VARIANTS = (" {code}.", " {code}, as stated in the memo.", " {code}. It appears once.")
 WRONG_TASK_RATE = 1 / 15
 DEGENERATE_RUN = 4
@@ -161,7 +162,7 @@ def with_adapters(digest: bytes, adapters: Sequence[str]) -> bytes:
 
 
 def generate(state: Sequence[Token], max_tokens: int, jitter: random.Random | None = None,
-             adapters: Sequence[str] = ()) -> Generation:
+             adapters: Sequence[str] = (), distinct_no_code: bool = False) -> Generation:
     if any(t.id == EOS_ID for t in state):
         return Generation([], True, "ended")
     word = degenerate_word(state)
@@ -171,6 +172,8 @@ def generate(state: Sequence[Token], max_tokens: int, jitter: random.Random | No
     task = classify(question)
     if task == "recall":
         answer = _recall(context, jitter)
+        if answer == NO_CODE_ANSWER and distinct_no_code:       # the memo's own continuation (config.py)
+            answer = _continuation(hashlib.blake2b(context.encode(), digest_size=16).digest(), RECALL_WORDS)
     elif task == "summary":
         answer = _summary(context, question, jitter)
     else:

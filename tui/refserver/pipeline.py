@@ -94,7 +94,7 @@ class Pipeline:
         state = self.slots.poison(slot, restored + prompt[cached:])
         jitter = self.fault.jitter(len(prompt))
         computed_by = [b.adapter for b in blocks] + [adapter]
-        generation = generate(state, max_tokens, jitter, computed_by)
+        generation = generate(state, max_tokens, jitter, computed_by, distinct_no_code=self.config.distinct_no_code)
         self.stats.queries += len(prompt)
         self.stats.hits += self.fault.counted(cached)
         self.stats.prompt_tokens += len(prompt)

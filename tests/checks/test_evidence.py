@@ -149,3 +149,29 @@ async def test_sizing_lands_within_its_tolerance_in_one_or_two_more_counts():
             assert abs(memo.tokens - target) <= max(8, target // 100), (target, i, memo.tokens)
             assert memo.tokens == len(memo.text) // 2
             assert len(counts) <= 3 + 2, (target, i, len(counts))
+
+
+async def test_later_memos_are_filled_at_the_ratio_earlier_memos_measured():
+    """One counter sizes a run's memos. The first is filled at the calibration sample's ratio, which this
+    tokenizer's memos miss by a fifth, and needs a recount; from then on the fill uses the ratio the memos
+    counted so far measured, and fits its last sentence to what is left, so most land in their first round
+    trip (full, before the code, through it). Measured on these seeds: 66 of 100 at 1,200 tokens and 80 of
+    100 at 300, against 0 and 16 before the learned ratio (the reference server's tokenizer: 222 of 266
+    memos in one count against 28, 2026-12-07)."""
+    for target, most in ((300, 60), (1200, 50)):
+        counts: list[str] = []
+
+        async def server(text):
+            counts.append(text)
+            return len(text) // 2
+        counter = TokenCounter(server)
+        await counter.ratio(calibration_sample())
+        first_trip = []
+        for i in range(100):
+            counts.clear()
+            memo = await build_memo(counter, memo_id=f"m{i:02d}", nonce="n", code="7395-2841-6620",
+                                    target_tokens=target, grid=16, code_position=0.5, seed=7)
+            assert abs(memo.tokens - target) <= max(8, target // 100), (target, i, memo.tokens)
+            first_trip.append(len(counts) == 3)
+        assert not first_trip[0] and counter.fill_ratio() is not None
+        assert sum(first_trip) >= most, (target, sum(first_trip))

@@ -198,3 +198,44 @@ def test_the_h200_wide_calibration_that_voided_itself_holds_now():
     again = calibration(True, "align", 0.05, pairs, stored["tried"], stored["width"])
     assert not again.void and again.allowed
     assert abs(again.measured - 0.0465) < 0.001 and again.bound == 0.2
+
+
+def test_landed_on_with_its_index_of_alike_answers_says_what_the_whole_comparison_says():
+    """The calibration indexes the cold answers by their chosen tokens once (only answers of the same tokens can
+    match): for random resumes, own answers and other answers, near and far, landed_on says the same with the
+    index as comparing every other answer."""
+    import random
+
+    from tui.core.soak.resume import chosen_tokens
+
+    rng = random.Random(34)
+    words = [" a", " b", " c", " d"]
+
+    def answer(base=None, spread=0.0):
+        out = []
+        for i in range(3):
+            if base is not None and rng.random() < 0.85:
+                t, v, alts = base[i]
+                out.append([t, v + rng.uniform(-spread, spread), [[t2, v2 + rng.uniform(-spread, spread)]
+                                                               for t2, v2 in alts]])
+            else:
+                t, alt = rng.sample(words, 2)
+                v = -rng.uniform(0.05, 1.0)
+                out.append([t, v, [[t, v], [alt, v - rng.uniform(0.0, 2.0)]]])
+        return out
+
+    landed = 0
+    for _ in range(300):
+        colds = {request: answer() for request in range(1, 9)}
+        for request in list(colds)[4:]:
+            colds[request] = answer(colds[rng.randint(1, 4)], 0.03)       # look-alikes of another
+        own = rng.choice(list(colds))
+        hit = answer(colds[rng.choice(list(colds))], rng.choice([0.0, 0.02, 0.2]))
+        others = {request: lp for request, lp in colds.items() if request != own}
+        alike: dict = {}
+        for request, lp in colds.items():
+            alike.setdefault(chosen_tokens(lp, 12), []).append(request)
+        whole = landed_on(hit, colds[own], others, 12, 0.05)
+        assert landed_on(hit, colds[own], others, 12, 0.05, alike) == whole
+        landed += whole is not None
+    assert landed > 20            # the comparison found other prompts' answers: the equality covered both cases

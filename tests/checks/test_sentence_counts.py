@@ -91,3 +91,15 @@ def test_a_memos_estimate_added_up_from_its_parts_is_the_encoders():
         assert estimated(memo) == estimate_tokens(memo.render()), memo.memo_id
     odd = MemoText(memo_id="m1", nonce="n", code=None, sentences=["It ends here!", "Then this."])
     assert estimated(odd) == estimate_tokens(odd.render())
+
+
+def test_a_template_filled_by_position_is_the_template_filled_by_name():
+    """_fill formats each template's positional form (its slots numbered in _SLOTS' order): the sentence is the
+    one the named slots give, for every template and random words."""
+    rng = random.Random(7)
+    names = [name for name, _ in _SLOTS]
+    for template in _TEMPLATES:
+        for _ in range(50):
+            words = tuple(rng.choice(choices) for _, choices in _SLOTS)
+            assert _fill(template, words) == template.format(**dict(zip(names, words)))
+    assert _fill("{name} of {team}", tuple(c[0] for _, c in _SLOTS)) == "Alma of audit"   # not a template: by name

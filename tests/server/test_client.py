@@ -5,7 +5,7 @@ import json
 import httpx
 import pytest
 
-from tui.core.server.client import OpenAIClient, RequestSpec, StreamError
+from tui.core.server.client import OpenAIClient, RequestSpec, StreamError, leading_count
 from tui.core.config.errors import ServerProblem
 
 
@@ -145,6 +145,19 @@ async def test_a_plain_request_whose_connection_was_reset_is_retried_once():
         await c.tokenize("p", "m")
     assert len(calls) == 2
     await c.aclose()
+
+
+@pytest.mark.parametrize("body, count", [
+    (b'{"count":2471,"max_model_len":32768,"tokens":[1,33771,48003],"token_strs":null}', 2471),   # vLLM's
+    (b'{ "count" : 12 }\n', 12),
+    (b'{"tokens":[1,2,3]}', None),                     # llama.cpp's: parsed whole
+    (b'{"max_model_len":5,"count":3}', None),          # count not first: parsed whole
+    (b'{"count":3,"tokens":[1,', None),                # cut short: parsed whole (and refused there)
+    (b'{"count":-3}', None),
+    (b'{"count":3.5}', None),
+])
+def test_the_leading_count_of_a_tokenize_answer(body, count):
+    assert leading_count(body) == count
 
 
 async def test_a_stream_cut_after_bytes_is_not_retried():

@@ -330,6 +330,35 @@ async def test_plain_requests_and_streams_share_the_direct_pool_with_httpx_heade
     assert server.heads[0].startswith(b"POST /tokenize HTTP/1.1") and server.heads[1].startswith(b"POST /v1/completions")
 
 
+async def test_a_direct_plain_request_the_server_closed_unanswered_is_sent_once_more():
+    """/tokenize goes past httpx (client.post_for_bytes): a kept-alive connection the server closed before
+    answering is retried once, as httpx's path retries it; a body whose count is not its first member is
+    parsed whole."""
+    count = b'{"max_model_len": 8192, "count": 7, "tokens": [1, 2, 3, 4, 5, 6, 7]}'
+    replies = [[(0, None)],
+               [(0, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                 % (len(count), count))]]
+    async with RawServer(replies) as server:
+        client = OpenAIClient(server.url)
+        try:
+            assert client._direct is not None
+            assert await client.tokenize("some text", "m") == 7
+        finally:
+            await client.aclose()
+    assert server.connections == 2 and server.requests == 2
+
+
+async def test_a_direct_plain_request_closed_twice_is_one_line():
+    async with RawServer([[(0, None)], [(0, None)]]) as server:
+        client = OpenAIClient(server.url)
+        try:
+            with pytest.raises(ServerProblem, match=r"^cannot reach http://127\.0\.0\.1:\d+/tokenize: "):
+                await client.tokenize("some text", "m")
+        finally:
+            await client.aclose()
+    assert server.requests == 2
+
+
 async def test_nothing_listening_is_said_in_words():
     client = OpenAIClient("http://127.0.0.1:9")
     try:

@@ -172,9 +172,10 @@ def _run_headless(start, hooks, record: Path | None, console: Console, err: Cons
     from ..core.report.report import RunReport
     from ..headless import HeadlessConsole, summary_renderable
 
-    report = RunReport()
+    report = RunReport(feeds_tally=False)
     headless = HeadlessConsole(console, show_info=verbose, tally=report.tally)
-    hooks.listeners = [report.feed, headless]                  # the report feeds the tally both read
+    hooks.listeners = [report.feed, headless]
+    hooks.tally = report.tally                  # the engine feeds the tally the report and the console read
     try:
         outcome = eventloop.run(start(hooks))
     except KeyboardInterrupt:

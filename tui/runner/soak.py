@@ -38,7 +38,8 @@ async def run_soak(scenario: Scenario, target: Target, hooks: RunHooks, *, bus: 
     one-token completion) and goes in the run header; `plan` says how the server was launched."""
     if not target.incident:
         target.incident = await gather_incident(scenario, target, plan)
-    engine = SoakEngine(scenario, target, bus, argv=argv, isolate=isolate, live_text_every=hooks.live_text_every)
+    engine = SoakEngine(scenario, target, bus, argv=argv, isolate=isolate, live_text_every=hooks.live_text_every,
+                        tally=hooks.tally)
     redactor = Redactor(secrets_of(plan.argv if plan else None, plan.env if plan else None))
     # a log that can no longer be written stops the soak at once (exit 5, one line), not at the end;
     # API keys and tokens never reach it

@@ -184,6 +184,13 @@ class FingerprintBook:
         mine = self._cell(fp)
         if mine is None:
             keys = [key for members in cells.values() for key in members]
+        elif len(cells) < 3 ** len(mine):
+            # fewer cells in the group than neighbours to look up (the usual case: a group is one memo's
+            # answers, or a few look-alikes'): each cell checked, not 27 tuples built and probed (added
+            # fingerprints and told-apart checks: 6% of hitproof's CPU at 128 streams, cProfile 2026-12-07)
+            keys = [key for cell, members in cells.items()
+                    if cell is None or (len(cell) == len(mine) and all(-1 <= c - m <= 1 for c, m in zip(cell, mine)))
+                    for key in members]
         else:
             keys = list(cells.get(None, ()))
             for offsets in itertools.product((-1, 0, 1), repeat=len(mine)):

@@ -102,7 +102,16 @@ class SentenceSource:
 
 
 def _fill(template: str, words: tuple[str, ...]) -> str:
+    positional = _POSITIONAL.get(template)
+    if positional is not None:
+        return positional.format(*words)
     return template.format(**{name: word for (name, _), word in zip(_SLOTS, words)})
+
+
+# Each template with its slots numbered in _SLOTS' order: format(*words) builds no dict of names (0.4 against
+# 1.4 us a sentence; a wide soak's memos draw about 20,000, 2026-12-07). The same text: only the names changed.
+_POSITIONAL = {template: template.format(**{name: "{%d}" % i for i, (name, _) in enumerate(_SLOTS)})
+               for template in _TEMPLATES}
 
 
 @functools.lru_cache(maxsize=1)

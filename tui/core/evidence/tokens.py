@@ -34,6 +34,19 @@ class TokenCounter:
         self._server_count = server_count
         self.source = "server" if server_count else "estimate"
         self._ratio: float | None = None
+        self._memo_counts = [0, 0]             # memos' first counts and their estimates, added up
+
+    def note_memo(self, counted: int, estimate: float) -> None:
+        """A memo's first count against its estimate: later memos are filled at the ratio of those."""
+        self._memo_counts[0] += counted
+        self._memo_counts[1] += estimate
+
+    def fill_ratio(self) -> float | None:
+        """Server tokens per estimated token over the memos counted so far (None before any): memo text
+        against memo text, closer than the calibration sample's ratio (on the reference server that one
+        put first counts 10 tokens over the target at the median, the tolerance 12; 2026-12-07)."""
+        counted, estimate = self._memo_counts
+        return counted / estimate if estimate else None
 
     async def count(self, text: str) -> int:
         if self._server_count is not None:

@@ -30,6 +30,9 @@ class RunReport:
     isolations: dict[int, IsolationFinished] = field(default_factory=dict)
     fingerprints: dict[int, str] = field(default_factory=dict)     # request -> fingerprint verdict
     tally: EvidenceTally = field(default_factory=EvidenceTally)     # hits checked per kind of evidence
+    # False: the soak's engine feeds `tally` (a live headless run hands the engine this one through RunHooks:
+    # the same events in the same order, tallied once instead of twice a request); a replay feeds its own
+    feeds_tally: bool = True
     power_target: PowerJudged | None = None
     resume: ResumeCalibrated | None = None      # what resuming costs on the server (issue 32)
     end: RunFinished | None = None
@@ -44,7 +47,7 @@ class RunReport:
         handler = _FEEDERS.get(type(event))
         if handler is not None:
             handler(self, event)
-            if type(event) in _TALLIED:
+            if self.feeds_tally and type(event) in _TALLIED:
                 self.tally.feed(event)
             if type(event) in _REPLICATED:
                 self.replicas.feed(event)

@@ -65,7 +65,8 @@ class Outcome:
 
 class SoakEngine:
     def __init__(self, scenario: Scenario, target: Target, bus: EventBus, *, argv: list[str] | None = None,
-                 metrics_interval: float = 1.0, isolate: bool = False, live_text_every: float = DELTA_INTERVAL):
+                 metrics_interval: float = 1.0, isolate: bool = False, live_text_every: float = DELTA_INTERVAL,
+                 tally: EvidenceTally | None = None):
         self.scenario = scenario
         self.target = target
         self.bus = bus
@@ -87,8 +88,8 @@ class SoakEngine:
         self.gate.set()
         # Checkpoint lines of a launched llama-server, to tell each request where its hit came from.
         self.checkpoints: collections.deque[tuple[float, CheckpointSeen]] = collections.deque(maxlen=256)
-        # hits checked per kind of evidence, for the power target (the report counts the same way)
-        self.tally = EvidenceTally()
+        # hits checked per kind of evidence, for the power target (a headless run's report reads this one)
+        self.tally = tally if tally is not None else EvidenceTally()
         self._running: PhaseState | None = None
         self._pending = {"fail": 0, "warn": 0, "info": 0}      # findings before the first phase started
         self._stop = asyncio.Event()     # stop_with: the soak ends now with that error

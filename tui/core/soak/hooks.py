@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from ..log.events import Event
+from ..report.power import EvidenceTally
 from ..server.launch import ServerProcess
 from .control import SoakControl
 from .engine import Outcome, SoakEngine
@@ -38,3 +39,6 @@ class RunHooks:
     # seconds between a streaming answer's text deltas (AnswerDelta): the app shows them as they come; a run
     # nobody watches records them at LIVE_TEXT_UNWATCHED (tui.headless)
     live_text_every: float = DELTA_INTERVAL
+    # the tally of checked hits the engine keeps, when a listener reads the same one (the headless report,
+    # RunReport(feeds_tally=False)); None: the engine keeps its own
+    tally: EvidenceTally | None = None

@@ -149,7 +149,14 @@ def pair_of(cold: int, hit: int, cached: int | None, cold_lp: list, hit_lp: list
     return Pair(cold, hit, cached, m.agreeing, m.second, m.distance, flip.token, flip.margin, flip.max_prefix_delta)
 
 
-def landed_on(hit_lp: list, own_cold_lp: list, others: dict[int, list], tokens: int, tolerance: float) -> int | None:
+def chosen_tokens(lp: list, tokens: int) -> tuple:
+    """The chosen tokens of the first `tokens` positions. Two runs' fingerprint_match can match only where
+    these are equal (FingerprintMatch.matches needs same_tokens)."""
+    return tuple(position[0] for position in lp[:tokens])
+
+
+def landed_on(hit_lp: list, own_cold_lp: list, others: dict[int, list], tokens: int, tolerance: float,
+              alike: dict[tuple, list[int]] | None = None) -> int | None:
     """The cold request of another calibration prompt whose answer this resume is, within the tolerance, while
     it is not its own prompt's (None: it is its own's, or nobody's). "Closer" by leading tokens alone is no
     test: measured, a clean bf16 resume parted from its own cold answer at a near tie after 6 tokens (0.031
@@ -159,9 +166,15 @@ def landed_on(hit_lp: list, own_cold_lp: list, others: dict[int, list], tokens: 
     if mine.matches(tolerance):
         return None
     # another prompt's answer counts only where it parts from this one's before the resume does (parts_before):
-    # by values, beyond what resuming may cost at most (the ceiling)
-    landed = [(m.distance, request) for request, lp in others.items()
-              if (m := fingerprint_match(hit_lp, lp, tokens)).matches(tolerance)
+    # by values, beyond what resuming may cost at most (the ceiling). Only answers of the same chosen tokens
+    # can match (`alike`: the requests by chosen_tokens, made once): a wide calibration compared every resume
+    # that missed its own cold answer with every cold answer, two fingerprint_match each (the reference server
+    # at 128 streams: 5% of hitproof's CPU in a 1,716-request soak, 2026-12-07)
+    key = chosen_tokens(hit_lp, tokens)
+    candidates = others.items() if alike is None else \
+        [(request, others[request]) for request in alike.get(key, ()) if request in others]
+    landed = [(m.distance, request) for request, lp in candidates
+              if chosen_tokens(lp, tokens) == key and (m := fingerprint_match(hit_lp, lp, tokens)).matches(tolerance)
               and parts_before(fingerprint_match(lp, own_cold_lp, tokens), mine, RESUME_FACTOR * tolerance)]
     return min(landed)[1] if landed else None
 
@@ -314,11 +327,14 @@ async def _calibrate(rq, state) -> Calibration:
         await _resume_at_once(rq, state, memos, colds, resumes)
     else:
         width = 0
+    alike: dict[tuple, list[int]] = {}
+    for request, lp in colds.items():
+        alike.setdefault(chosen_tokens(lp, e.fingerprint_tokens), []).append(request)
     pairs = []
     for p, hit_lp in resumes:
         others = {request: lp for request, lp in colds.items() if request != p.cold}
         pairs.append(dataclasses.replace(p, landed_on=landed_on(hit_lp, colds[p.cold], others, e.fingerprint_tokens,
-                                                                e.fingerprint_tolerance)))
+                                                                e.fingerprint_tolerance, alike)))
     return calibration(grid, why, e.fingerprint_tolerance, pairs, CALIBRATION_PROMPTS + width, width)
 
 

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Two hitproof trees against one vLLM, alternating (issue 34: a 5% change in hitproof's CPU a request is smaller
+# than the spread between sessions, so both are measured in one session, on one server, one pair after the other).
+#
+#   bash benchmarks/gpu/pairs.sh BUDGET_S [BASE_TGZ]
+#
+# On the GPU machine, after `run.sh ... serve recall` (the server at 127.0.0.1:8321): rate.py at
+# $HPGPU_STREAMS (128) streams, gpu-quick --power 0.3%, this tree ("new") then the tree in BASE_TGZ ("base",
+# `git archive COMMIT tui scenarios benchmarks/gpu/rate.py benchmarks/evidence_rate.py pyproject.toml`, unpacked
+# to /tmp/base; none: new only), again and again, until a soak would no longer end within BUDGET_S seconds of the
+# start (a pair took about 75 s in runs U and V). One line a soak on stdout and in $OUT/pairs.txt (or
+# /tmp/hpgpu/results/pairs.txt): tag, verdict, requests, checked hits, steady CPU ms a request of hitproof and of
+# the raw client, their ratio, the request-rate ratio, the TTFT hitproof adds (median / p99 ms), the seconds to
+# 299 checked hits. Each pair's result.json stays in /tmp/hpgpu/results/pairs/.
+set -uo pipefail
+budget=${1:?budget in seconds}
+base_tgz=${2:-}
+streams=${HPGPU_STREAMS:-128}
+url=${HPGPU_URL:-http://127.0.0.1:8321}
+site=/tmp/hpgpu/site
+here=$(pwd)
+dir=/tmp/hpgpu/results/pairs
+out=${OUT:-/tmp/hpgpu/results}/pairs.txt
+mkdir -p "$dir"
+start=$(date +%s)
+if [ -n "$base_tgz" ]; then
+    rm -rf /tmp/base && mkdir -p /tmp/base && tar -xzf "$base_tgz" -C /tmp/base || exit 2
+fi
+summary() {   # tag result.json
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+tag, path = sys.argv[1], sys.argv[2]
+try:
+    r = json.load(open(path))
+except (OSError, ValueError) as exc:
+    print(f"{tag}: no result ({exc})"); sys.exit()
+h, w, t = r.get("hitproof") or {}, r.get("raw") or {}, r.get("ttft") or {}
+ms = lambda v: "?" if v is None else f"{1000 * v:.3f}"
+num = lambda v, f: "?" if v is None else format(v, f)
+print(f"{tag}: verdict {r.get('verdict')}, {h.get('requests')} requests, {h.get('checked_hits')} checked, CPU "
+      f"{ms(h.get('steady_cpu_s_per_request'))} / {ms(w.get('steady_cpu_s_per_request'))} ms, ratio "
+      f"{num(r.get('steady_cpu_ratio'), '.2f')}, rate ratio {num(r.get('rate_ratio'), '.3f')}, TTFT added "
+      f"{num(t.get('added_median_ms'), '.1f')} / {num(t.get('added_p99_ms'), '.1f')} ms, "
+      f"{num(r.get('seconds_to_default_target'), '.1f')} s to 299 checked")
+PY
+}
+one() {   # tag tree
+    local tag=$1 tree=$2 left=$(( budget - ($(date +%s) - start) ))
+    if [ "$left" -lt 90 ]; then return 1; fi
+    (cd "$tree" && PYTHONPATH="$site:$tree" timeout $(( left - 5 )) python3 benchmarks/gpu/rate.py --attach "$url" \
+        --scenario scenarios/gpu-quick.toml --streams "$streams" --power 0.3% --out "$dir/$tag" > "$dir/$tag.log" 2>&1)
+    summary "$tag" "$dir/$tag/streams-$streams/result.json" | tee -a "$out"
+}
+i=0
+while true; do
+    i=$((i + 1))
+    one "new$i" "$here" || break
+    if [ -n "$base_tgz" ]; then one "base$i" /tmp/base || break; fi
+done
+echo "pairs: $(( $(date +%s) - start )) s"

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
 import httpx
 import orjson
@@ -26,6 +26,7 @@ from .transport import (CLOCK, FRESH_STREAM_EXTENSIONS, JSON_HEADERS, NO_SELECTO
 from .direct import REQUEST_ID_HEADER, DirectStream, StreamHead, plain_request_id
 
 TIMEOUT_KEYS = ("connect", "read", "write", "pool")
+T = TypeVar("T")
 
 # httpcore asks for sniffio on every plain request (current_async_library) and, where it is not installed,
 # searches the whole import path for it each time: 0.15 ms of a 1 ms request here (tokenize, metrics). Said
@@ -117,14 +118,19 @@ class OpenAIClient:
     # --- plain endpoints -----------------------------------------------------------
 
     async def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
-        """One plain request; a kept-alive connection the server already closed or reset is retried once.
-        Measured, vLLM 0.26 on an H200: 128 memos sized at once through /tokenize, one read got a reset
-        connection (httpx.ReadError) and the run ended ERROR (exit 3) in 1 of 5 soaks (2026-12-04)."""
+        """One plain request, sent once more where a kept-alive connection gave no answer (_twice)."""
+        if self._direct is not None:
+            return await self._twice(path, lambda: self._direct_request(method, path, **kwargs))
+        return await self._twice(path, lambda: self._http.request(method, path, **kwargs))
+
+    async def _twice(self, path: str, send: Callable[[], Awaitable[T]]) -> T:
+        """send(), and once more where a kept-alive connection the server already closed or reset gave no
+        answer; any other failure, or a second one, is one line. Measured, vLLM 0.26 on an H200: 128 memos sized
+        at once through /tokenize, one read got a reset connection (httpx.ReadError) and the run ended ERROR
+        (exit 3) in 1 of 5 soaks (2026-12-04)."""
         for attempt in (1, 2):
             try:
-                if self._direct is not None:
-                    return await self._direct_request(method, path, **kwargs)
-                return await self._http.request(method, path, **kwargs)
+                return await send()
             except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
                 if attempt == 2:
                     raise ServerProblem(f"cannot reach {self.base_url}{path}: {_describe(exc)}") from None
@@ -147,7 +153,7 @@ class OpenAIClient:
         """(status, the whole body) of a JSON POST. To a plain-http origin straight through StreamingTransport,
         its head built once per path as the answer streams' are (direct.py): httpx's Request and two
         Responses cost more than the rest of a /tokenize round trip, and a wide rotation sizes hundreds of
-        memos (770 counts in a 1,716-request soak at 128 streams, 2026-12-07). Retried as _request is."""
+        memos (770 counts in a 1,716-request soak at 128 streams, 2026-12-07). Sent once more as _request is."""
         if self._direct is None:
             response = await self._request("POST", path, json=body, timeout=timeout)
             return response.status_code, response.content
@@ -156,16 +162,11 @@ class OpenAIClient:
             head = self._heads[path] = StreamHead(self._http.build_request("POST", path).url, self._json_headers)
         data = head.request(_json_bytes(body), None)
         timeouts = dict.fromkeys(TIMEOUT_KEYS, timeout)
-        for attempt in (1, 2):
-            try:
-                async with DirectStream(self._direct, head, data, timeouts, False) as answer:
-                    return answer.status_code, await answer.aread()
-            except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-                if attempt == 2:
-                    raise ServerProblem(f"cannot reach {self.base_url}{path}: {_describe(exc)}") from None
-            except httpx.HTTPError as exc:
-                raise ServerProblem(f"cannot reach {self.base_url}{path}: {_describe(exc)}") from None
-        raise AssertionError("unreachable")
+
+        async def send() -> tuple[int, bytes]:
+            async with DirectStream(self._direct, head, data, timeouts, False) as answer:
+                return answer.status_code, await answer.aread()
+        return await self._twice(path, send)
 
     def _open_stream(self, path: str, content: bytes, fresh: bool, request_id: str | None = None):
         """The answer stream's response, as a context that gives its connection back."""

@@ -50,7 +50,7 @@ async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: s
     source = SentenceSource(f"{seed}:{memo_id}")
     memo = MemoText(memo_id=memo_id, nonce=nonce, code=code)
     ratio = await counter.ratio(calibration_sample())
-    learned = getattr(counter, "fill_ratio", lambda: None)()     # earlier memos' own, once there are some
+    learned = counter.fill_ratio()          # earlier memos' own, once there are some
     if learned is not None:
         ratio = learned
 
@@ -81,7 +81,7 @@ async def build_memo(counter: TokenCounter, *, memo_id: str, nonce: str, code: s
     counted = await asyncio.gather(counter.count(memo.render()),
                                    *((counter.count(before), counter.count(through)) if code is not None else ()))
     measured = counted[0]
-    if counter.source == "server" and hasattr(counter, "note_memo"):
+    if counter.source == "server":
         counter.note_memo(measured, filled)
     if drawn and code is not None:      # moved first: sizing then adds or drops only after it
         measured, counted[1], counted[2] = await _move_code(counter, memo, code_position * target_tokens, measured,

@@ -3,7 +3,7 @@ all, the calibration's bound, and the calibration that a restore wrong on every 
 
 import math
 
-from tui.core.checks.detectors import LogprobComparison
+from tui.core.checks.detectors import LogprobComparison, fingerprint_match
 from tui.core.soak.resume import RESUME_FACTOR, RESUME_MARGIN, Pair, calibration, grid_restore, landed_on, pair_of
 
 
@@ -73,6 +73,7 @@ def test_a_pair_measures_its_fingerprint_and_where_its_whole_answer_parts():
     hit = lp((" a", -0.15, " b", -2.0), (" c", -0.2, " d", -1.0), (" x", -0.3, " f", -3.0))
     p = pair_of(10, 11, 256, cold, hit, 12)
     assert (p.cold, p.hit, p.cached, p.agreeing, p.parted_at, p.margin) == (10, 11, 256, 2, 2, None)
+    assert pair_of(10, 11, 256, cold, hit, 12, fingerprint_match(hit, cold, 12)) == p    # the match made once
     assert math.isclose(p.prefix_delta, 0.05)
     assert p.decisive(0.2)
 
@@ -203,7 +204,8 @@ def test_the_h200_wide_calibration_that_voided_itself_holds_now():
 def test_landed_on_with_its_index_of_alike_answers_says_what_the_whole_comparison_says():
     """The calibration indexes the cold answers by their chosen tokens once (only answers of the same tokens can
     match): for random resumes, own answers and other answers, near and far, landed_on says the same with the
-    index as comparing every other answer."""
+    index as comparing every other answer, and with its own cold answer among the others but named, its own
+    match given (what the calibration passes)."""
     import random
 
     from tui.core.soak.resume import chosen_tokens
@@ -237,5 +239,9 @@ def test_landed_on_with_its_index_of_alike_answers_says_what_the_whole_compariso
             alike.setdefault(chosen_tokens(lp, 12), []).append(request)
         whole = landed_on(hit, colds[own], others, 12, 0.05)
         assert landed_on(hit, colds[own], others, 12, 0.05, alike) == whole
+        # as the calibration asks: every cold answer with its own named, and its own match made once already
+        mine = fingerprint_match(hit, colds[own], 12)
+        assert landed_on(hit, colds[own], colds, 12, 0.05, alike, own, mine) == whole
+        assert landed_on(hit, colds[own], colds, 12, 0.05, None, own) == whole
         landed += whole is not None
     assert landed > 20            # the comparison found other prompts' answers: the equality covered both cases

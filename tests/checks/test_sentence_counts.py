@@ -103,3 +103,23 @@ def test_a_template_filled_by_position_is_the_template_filled_by_name():
             words = tuple(rng.choice(choices) for _, choices in _SLOTS)
             assert _fill(template, words) == template.format(**dict(zip(names, words)))
     assert _fill("{name} of {team}", tuple(c[0] for _, c in _SLOTS)) == "Alma of audit"   # not a template: by name
+
+
+def test_every_cut_of_a_filler_sentence_counts_as_encoded():
+    """memos._cuts: each way _resize cuts a sentence short (after its second word to its last but one, a full
+    stop for the rest), in the order it tries them, with the words' counts added up equal to encoding the cut;
+    also for words ending in stops and a word that is nothing but stops (that cut is encoded)."""
+    from tui.core.evidence.memos import _cuts
+
+    source = SentenceSource("cuts")
+    sentences = [source.next() for _ in range(300)] + ["Rosa said so, then; later. the end.", "A b ,. c d."]
+    checked = 0
+    for sentence in sentences:
+        words = sentence.split()
+        want = [" ".join(words[:n]).rstrip(".,;") + "." for n in range(2, len(words))]
+        got = list(_cuts(sentence))
+        assert [cut for cut, _ in got] == want
+        for cut, spaced in got:
+            assert spaced == estimate_tokens(" " + cut), cut
+            checked += 1
+    assert checked > 2000

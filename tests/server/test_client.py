@@ -177,3 +177,18 @@ async def test_a_stream_cut_after_bytes_is_not_retried():
     with pytest.raises(StreamError, match="broke"):
         await c.stream(RequestSpec(api="completions", prompt="p", max_tokens=1))
     assert len(calls) == 1
+
+
+def test_a_spec_sent_under_its_own_id_is_dataclasses_replace():
+    """RequestSpec.with_request_id (once a request, on the requester's path) equals dataclasses.replace for
+    every field, and leaves the spec it copies as it was (one spec is sent by several slots at once)."""
+    import dataclasses
+
+    from tui.core.server.wire import RequestSpec
+    spec = RequestSpec(api="chat", max_tokens=7, messages=[{"role": "user", "content": "x"}], temperature=0.5,
+                       seed=3, salt="s", stop=["."], model="m", logprobs=5, tools=[{"type": "function"}],
+                       slot_id=2, extra={"lora": []}, request_id="old")
+    copy = spec.with_request_id("new")
+    assert copy == dataclasses.replace(spec, request_id="new") and type(copy) is RequestSpec
+    assert spec.request_id == "old" and copy is not spec
+    assert [f.name for f in dataclasses.fields(RequestSpec)] == list(vars(copy))      # every field, in order

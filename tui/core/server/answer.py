@@ -174,10 +174,12 @@ def absorb_chunk(chunk, payload: str | bytes, result: Completion, chat: bool) ->
             text = (choice.get("delta") or {}).get("content") or ""
         else:
             text = choice.get("text") or ""
-        if choice.get("logprobs"):
-            result.logprobs.extend(parse_logprobs(choice["logprobs"]))
-        if choice.get("finish_reason"):
-            result.finish_reason = choice["finish_reason"]
+        logprobs = choice.get("logprobs")
+        if logprobs:
+            result.logprobs.extend(parse_logprobs(logprobs))
+        finish = choice.get("finish_reason")
+        if finish:
+            result.finish_reason = finish
         return text
     text = ""
     for choice in choices:

@@ -100,16 +100,13 @@ class SSEDecoder:
         the decoder left as feed() leaves it. None for anything else (feed() decodes that). Half the cost of
         an answer's parse was feed()'s line loop and its Event objects (issue 34)."""
         if (self._pending or self._cr or self._start or self._data or self._event or self._retry is not None
-                or not data.endswith(b"\n\n") or 13 in data):
+                or not data.startswith(b"data: ") or not data.endswith(b"\n\n") or 13 in data):
             return None
-        lines = data[:-2].split(b"\n\n")
-        if data.count(b"\n") != 2 * len(lines):          # another line end inside: not one line an event
+        # split at each event's end and the next one's "data: " at once: a list of the data, no loop over lines
+        # (6.6 against 1.5 us an answer of 11 events, 2026-12-07)
+        out = data[6:-2].split(b"\n\ndata: ")
+        if data.count(b"\n") != 2 * len(out):            # another line end inside: not one line an event
             return None
-        out = []
-        for line in lines:
-            if not line.startswith(b"data: "):
-                return None
-            out.append(line[6:])
         return out
 
     def close(self) -> list[Event]:

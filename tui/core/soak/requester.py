@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import time
 from typing import Any, Iterable
 
@@ -238,7 +237,7 @@ class Requester:
         self._next_request += 1
         index = self._next_request
         # a copy: one spec may be sent by several slots at once, each send under its own id
-        spec = dataclasses.replace(spec, request_id=f"hitproof-{self.nonce}-{index}")
+        spec = spec.with_request_id(f"hitproof-{self.nonce}-{index}")
         emit = self.emit
         tail = (spec.prompt or (spec.messages or [{}])[-1].get("content", ""))[-160:]
         emit(RequestStarted(request=index, phase=state.name, slot=slot, round=round, turn=turn,

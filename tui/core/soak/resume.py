@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..log.events import ResumeCalibrated
-from ..checks.detectors import SPIKE_FACTOR, LogprobComparison, compare_logprobs, fingerprint_match
+from ..checks.detectors import SPIKE_FACTOR, FingerprintMatch, LogprobComparison, compare_logprobs, fingerprint_match
 from ..checks.fingerprints import parts_before
 from .width import widths
 
@@ -143,8 +143,10 @@ class Pair:
                 "margin": self.margin, "prefix_delta": self.prefix_delta, "landed_on": self.landed_on}
 
 
-def pair_of(cold: int, hit: int, cached: int | None, cold_lp: list, hit_lp: list, tokens: int) -> Pair:
-    m = fingerprint_match(hit_lp, cold_lp, tokens)
+def pair_of(cold: int, hit: int, cached: int | None, cold_lp: list, hit_lp: list, tokens: int,
+            match: FingerprintMatch | None = None) -> Pair:
+    """`match`: fingerprint_match(hit_lp, cold_lp, tokens), when the caller has it already."""
+    m = fingerprint_match(hit_lp, cold_lp, tokens) if match is None else match
     flip = compare_logprobs(cold_lp, hit_lp)
     return Pair(cold, hit, cached, m.agreeing, m.second, m.distance, flip.token, flip.margin, flip.max_prefix_delta)
 
@@ -156,13 +158,17 @@ def chosen_tokens(lp: list, tokens: int) -> tuple:
 
 
 def landed_on(hit_lp: list, own_cold_lp: list, others: dict[int, list], tokens: int, tolerance: float,
-              alike: dict[tuple, list[int]] | None = None) -> int | None:
+              alike: dict[tuple, list[int]] | None = None, own: int | None = None,
+              mine: FingerprintMatch | None = None) -> int | None:
     """The cold request of another calibration prompt whose answer this resume is, within the tolerance, while
     it is not its own prompt's (None: it is its own's, or nobody's). "Closer" by leading tokens alone is no
     test: measured, a clean bf16 resume parted from its own cold answer at a near tie after 6 tokens (0.031
     nats) and agreed 12 tokens with another prompt's, 0.573 apart. Different memos' cold answers were at
-    least 0.242 apart on the clean soaks (14 of them, 2026-12-04): 4.8 tolerances."""
-    mine = fingerprint_match(hit_lp, own_cold_lp, tokens)
+    least 0.242 apart on the clean soaks (14 of them, 2026-12-04): 4.8 tolerances. `own`: the own cold
+    request, when `others` holds it too (skipped); `mine`: fingerprint_match(hit_lp, own_cold_lp, tokens), when
+    the caller has it (pair_of made it)."""
+    if mine is None:
+        mine = fingerprint_match(hit_lp, own_cold_lp, tokens)
     if mine.matches(tolerance):
         return None
     # another prompt's answer counts only where it parts from this one's before the resume does (parts_before):
@@ -171,8 +177,8 @@ def landed_on(hit_lp: list, own_cold_lp: list, others: dict[int, list], tokens: 
     # that missed its own cold answer with every cold answer, two fingerprint_match each (the reference server
     # at 128 streams: 5% of hitproof's CPU in a 1,716-request soak, 2026-12-07)
     key = chosen_tokens(hit_lp, tokens)
-    candidates = others.items() if alike is None else \
-        [(request, others[request]) for request in alike.get(key, ()) if request in others]
+    candidates = [(request, lp) for request, lp in others.items() if request != own] if alike is None else \
+        [(request, others[request]) for request in alike.get(key, ()) if request != own and request in others]
     landed = [(m.distance, request) for request, lp in candidates
               if chosen_tokens(lp, tokens) == key and (m := fingerprint_match(hit_lp, lp, tokens)).matches(tolerance)
               and parts_before(fingerprint_match(lp, own_cold_lp, tokens), mine, RESUME_FACTOR * tolerance)]
@@ -317,7 +323,7 @@ async def _calibrate(rq, state) -> Calibration:
     if not grid:
         return Calibration(grid, why, e.fingerprint_tolerance)
     colds: dict[int, list] = {}              # cold request -> its log-probabilities
-    resumes: list[tuple[Pair, list]] = []     # each resume with its log-probabilities
+    resumes: list[tuple[Pair, list, FingerprintMatch]] = []   # each resume, its log-probabilities, its match
     for i in range(CALIBRATION_PROMPTS):
         memo = await rq.memo(state, tokens=e.memo_tokens, with_code=False, tag=f"resume{i}")   # no code to leak
         await _resume_at_once(rq, state, [memo], colds, resumes)
@@ -331,10 +337,9 @@ async def _calibrate(rq, state) -> Calibration:
     for request, lp in colds.items():
         alike.setdefault(chosen_tokens(lp, e.fingerprint_tokens), []).append(request)
     pairs = []
-    for p, hit_lp in resumes:
-        others = {request: lp for request, lp in colds.items() if request != p.cold}
-        pairs.append(dataclasses.replace(p, landed_on=landed_on(hit_lp, colds[p.cold], others, e.fingerprint_tokens,
-                                                                e.fingerprint_tolerance, alike)))
+    for p, hit_lp, match in resumes:
+        pairs.append(dataclasses.replace(p, landed_on=landed_on(hit_lp, colds[p.cold], colds, e.fingerprint_tokens,
+                                                                e.fingerprint_tolerance, alike, p.cold, match)))
     return calibration(grid, why, e.fingerprint_tolerance, pairs, CALIBRATION_PROMPTS + width, width)
 
 
@@ -384,8 +389,11 @@ async def _resume_at_once(rq, state, memos: list, colds: dict[int, list], resume
         for p, hit in zip(trying, hits):
             cold = p[2]
             if hit.hit and hit.completion.logprobs:
+                # one comparison for the pair and for landed_on, which made the same one again
+                match = fingerprint_match(hit.completion.logprobs, cold.completion.logprobs, e.fingerprint_tokens)
                 resumes.append((pair_of(cold.request, hit.request, hit.cached, cold.completion.logprobs,
-                                        hit.completion.logprobs, e.fingerprint_tokens), hit.completion.logprobs))
+                                        hit.completion.logprobs, e.fingerprint_tokens, match),
+                                 hit.completion.logprobs, match))
                 p[3] += 1
                 p[4] = p[3] < RESUMES
             elif p[3]:

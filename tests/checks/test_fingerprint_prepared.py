@@ -62,10 +62,22 @@ def test_compare_leaves_out_only_memos_that_cannot_be_closer():
         book = FingerprintBook(tokens=tokens, tolerance=0.05)
         stem = run(rng, tokens)                      # memos often share their first tokens, as real answers do
         fps = []
+        stored: dict[str, Fingerprint] = {}          # what the book holds, key by key, in the order stored
         for i in range(rng.randint(2, 9)):
             lp = [list(x) for x in stem[:rng.randint(0, tokens)]] + run(rng, tokens)
             fps.append(Fingerprint(memo=f"m{i}", task="recall", request=i, logprobs=lp[:tokens]))
+            stored[f"k{i}"] = fps[-1]
             book.add(f"k{i}", fps[-1])
+            if rng.random() < 0.3:                   # the same memo on another question: never compared
+                other = Fingerprint(memo=f"m{i}", task="summary", request=i, logprobs=[list(x) for x in lp[:tokens]])
+                stored[f"s{i}"] = other
+                book.add(f"s{i}", other)
+        for key in rng.sample(sorted(k for k in stored if k.startswith("k")), rng.randint(0, 2)):
+            again = Fingerprint(memo=stored[key].memo, task="recall", request=99,     # a prompt stored again
+                                logprobs=([list(x) for x in stem] + run(rng, tokens))[:tokens])
+            stored[key] = again
+            book.add(key, again)
+            fps[int(key[1:])] = again
         for _ in range(10):
             own, source = rng.choice(fps), rng.choice(fps)
             probe = [list(x) for x in source.logprobs]
@@ -76,7 +88,8 @@ def test_compare_leaves_out_only_memos_that_cannot_be_closer():
                 probe[rng.randrange(len(probe))][0] = rng.choice("abcde")
             probe = probe[:rng.randint(0, tokens)] if rng.random() < 0.2 else probe
             mine, others, verdict, owner = book.compare(probe, own)
-            every = {fp.memo: fingerprint_match(probe, fp.logprobs, tokens) for fp in fps if fp.memo != own.memo}
+            every = {fp.memo: fingerprint_match(probe, fp.logprobs, tokens) for fp in stored.values()
+                     if fp.task == own.task and fp.memo != own.memo}
             assert (verdict, owner) == classify_fingerprint(mine, every, 0.05, tokens)
             assert all(every[memo] == m for memo, m in others.items())
             seen.add(verdict)
@@ -233,3 +246,18 @@ def test_a_fingerprint_is_compared_only_with_those_near_it_in_value():
     best = book.closest()
     assert (best.a, best.b, best.distance, best.distinct) == ("m0", "m99", 0.01, False)
     assert len(asked) < 128 * 127 / 2 / 10
+
+
+def test_match_all_is_match_for_each_run_against_a_stored_fingerprint_or_any_run():
+    """FingerprintBook.match_all (a judged deviation's re-runs against its cold fingerprint, its re-hits against
+    the hit) equals match(run, b) run by run, whether b is a stored fingerprint's list (kept prepared) or not."""
+    rng = random.Random(3407)
+    book = FingerprintBook(tokens=12, tolerance=0.05)
+    stored = Fingerprint(memo="m0", task="summary", request=1, logprobs=run(rng, 12))
+    book.add("k0", stored)
+    for _ in range(200):
+        runs = [run(rng, rng.randint(0, 14)) for _ in range(rng.randint(0, 6))]
+        runs += [[[x[0], None if x[1] is None else x[1] + rng.uniform(-0.1, 0.1), x[2]] for x in stored.logprobs]]
+        loose = run(rng, rng.randint(0, 14))
+        for b in (stored.logprobs, loose):
+            assert book.match_all(runs, b) == [book.match(r, b) for r in runs]

@@ -74,7 +74,8 @@ def test_a_hit_compares_only_its_own_memos_prompts_and_answers_as_a_scan_of_all_
     for n in range(1, 400):
         memo = rng.choice(memos)
         cut = rng.choice([len(memo), len(memo) // 2, 40])       # some prompts shorter than a bucket's name
-        records.append(record(n, memo[:cut] + rng.choice(["Q1", "Q2", "Q3"]), salt=rng.choice([None, None, "s"])))
+        records.append(record(n, memo[:cut] + rng.choice(["Q1", "Q2", "Q3"]),
+                              salt=rng.choice([None, None, "s", f"fresh{n}"])))
     writers = kept(records)
 
     def scanned_all(hit):
@@ -105,3 +106,18 @@ def test_dropped_records_are_no_longer_writers():
     assert writers.writer_of(record(4, memo + "Q1")).request == 2
     writers.drop(2)
     assert writers.writer_of(record(5, memo + "Q1")) is None
+
+
+def test_a_salted_request_with_no_writer_in_its_bucket_reads_only_its_salts_records(monkeypatch):
+    """A control or twin request under a fresh salt: no kept record shares its salt, so none is compared (all 512
+    kept ones were, each a prompt comparison, before the records were kept by salt as well)."""
+    memo = "memo text " * 200
+    records = [record(n, memo + f"Q{n % 3}") for n in range(1, 200)] + [record(200, "memo tex" + "x" * 400, salt="t")]
+    writers = kept(records)
+    compared = scanning(monkeypatch)
+    assert writers.writer_of(record(201, memo + "Q1", salt="fresh")) is None
+    assert compared == []
+    assert writers.writer_of(record(202, memo + "Q1", salt="t")).request == 200     # its salt's, outside the bucket
+    assert len(compared) == 1
+    writers.drop(200)
+    assert writers.writer_of(record(203, memo + "Q1", salt="t")) is None

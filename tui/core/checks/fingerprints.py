@@ -88,6 +88,11 @@ class FingerprintBook:
         # can be alike (distinct), so "which memos is this one alike to" reads one small group instead of every
         # fingerprint (120,075 `distinct` asks in a 128-stream soak on an H100, 2026-12-06)
         self._keys_of_memo: dict[str, dict[str, None]] = {}
+        # Stored keys by (task, first closer_needs(tokens) chosen tokens): the only ones compare() may find closer
+        # than a run's own (they must lead with the run's first tokens); it read every stored fingerprint per run
+        # off its own (a third of a millisecond each with 300 stored; the reference server with --resume-cost
+        # 0.06, 2026-12-07)
+        self._leads: dict[tuple[str, tuple], dict[str, None]] = {}
         self._position: dict[str, int] = {}               # key -> its place in _by_prompt (kept on a re-store)
         # Within a group, keys by the cells their first chosen tokens' log-probabilities fall in: two fingerprints
         # alike are at most tolerance + margin apart on every chosen token, so in neighbouring cells. A question
@@ -109,6 +114,13 @@ class FingerprintBook:
         mismatch compare ten runs each, 2,742 comparisons in a 2,566-request soak on an H100, 2026-12-05)."""
         return checks.prepared_match(checks.fingerprint_prepare(a, self.tokens),
                                      checks.fingerprint_prepare(b, self.tokens))
+
+    def match_all(self, runs: list[list[list]], b: list[list]) -> list[FingerprintMatch]:
+        """[match(run, b) for run in runs], `b` prepared once (kept prepared when it is a stored fingerprint's: a
+        judged deviation compares ten re-runs and the hit's every re-hit with the same cold fingerprint)."""
+        kept = self._prepared.get(id(b))
+        ready = kept[1] if kept is not None and kept[0] is b else checks.fingerprint_prepare(b, self.tokens)
+        return [checks.prepared_match(checks.fingerprint_prepare(run, self.tokens), ready) for run in runs]
 
     def _kept(self, logprobs: list[list]) -> tuple[list, tuple, tuple]:
         kept = self._prepared.get(id(logprobs))
@@ -160,14 +172,20 @@ class FingerprintBook:
         if old is not None:                      # a prompt stored again: its old fingerprint leaves its groups
             self._keys_of_memo[old.memo].pop(key, None)
             self._cells[old.task, self._chosen(old.logprobs)][self._cell(old)].pop(key, None)
+            self._leads.get(self._lead_key(old), {}).pop(key, None)
         self._position.setdefault(key, len(self._position))
         self._by_prompt[key] = fingerprint
         self._keys_of_memo.setdefault(fingerprint.memo, {})[key] = None
         group = (fingerprint.task, self._chosen(fingerprint.logprobs))
         self._cells.setdefault(group, {}).setdefault(self._cell(fingerprint), {})[key] = None
+        if len(group[1]) >= checks.closer_needs(self.tokens):     # shorter: it never leads with enough tokens
+            self._leads.setdefault(self._lead_key(fingerprint), {})[key] = None
         self._told.clear()
         return [other for other in self._could_be_alike(fingerprint)
                 if other.memo != fingerprint.memo and not self.distinct(fingerprint, other)]
+
+    def _lead_key(self, fp: Fingerprint) -> tuple[str, tuple]:
+        return fp.task, self._chosen(fp.logprobs)[:checks.closer_needs(self.tokens)]
 
     def _cell(self, fp: Fingerprint) -> tuple | None:
         """Which cell fp's first CELL_TOKENS chosen tokens' log-probabilities fall in (None: one is missing)."""
@@ -256,14 +274,17 @@ class FingerprintBook:
         mine = self._match_stored(ready, own)
         if mine.matches(self.tolerance):
             return mine, {}, "match", None
-        lead = max(checks.closer_needs(self.tokens), mine.agreeing)
+        need = checks.closer_needs(self.tokens)
+        lead = max(need, mine.agreeing)
         head = [x for x, _ in ready[:lead]]
         # retired memos too: re-drawn for looking like another, their blocks still sit in the server's cache, and
         # a hit restored from them is another request's state (reference server, foreign_state beside a pair of
         # look-alikes: a hit answered with a re-drawn memo's state, named by no live memo, was excused as a
-        # deviation no re-hit repeated)
-        others = {fp.memo: self._match_stored(ready, fp) for fp in self._by_prompt.values()
-                  if fp.task == own.task and fp.memo != own.memo and self._leads_with(fp, head, lead)}
+        # deviation no re-hit repeated). Those of the question leading with the run's first tokens, in the order
+        # stored (_leads: the same as reading every stored fingerprint)
+        keys = sorted(self._leads.get((own.task, tuple(head[:need])), ()), key=self._position.get)
+        others = {fp.memo: self._match_stored(ready, fp) for fp in map(self._by_prompt.__getitem__, keys)
+                  if fp.memo != own.memo and self._leads_with(fp, head, lead)}
         verdict, owner = checks.classify_fingerprint(mine, others, self.tolerance, self.tokens)
         return mine, others, verdict, owner
 

@@ -26,5 +26,11 @@ def varies_on_hits(hit_resumed_right: bool, rehits_resumed_right: Sequence[bool 
     """`rehits_resumed_right`: per re-hit, None when the cache did not serve it (nothing resumed), else
     whether it is within what resuming costs at its own point. True: every cold run reproduced the cold
     fingerprint, the hit and all `runs` re-hits are off, and the deviation did not repeat itself."""
-    return (not reproduced and cold_reproduced == runs and len(rehits_resumed_right) == runs
+    return (may_vary_on_hits(cold_reproduced, reproduced, runs) and len(rehits_resumed_right) == runs
             and not hit_resumed_right and all(right is False for right in rehits_resumed_right))
+
+
+def may_vary_on_hits(cold_reproduced: int, reproduced: bool, runs: int) -> bool:
+    """Whether varies_on_hits can say True at all, before asking where each hit resumed: only when the deviation
+    did not repeat and every cold run reproduced (the judge asks only then; each ask walks the hit's lineage)."""
+    return not reproduced and cold_reproduced == runs

@@ -6,18 +6,29 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from ..config.errors import ServerProblem
+
+_INTEGERS = frozenset((int, bool))       # what isinstance(t, int) takes of what orjson makes
 
 
 async def _ids(client: Any, body: dict) -> list[int] | None:
+    """The token ids of a /tokenize answer. As the memos' counts are (OpenAIClient.post_for_bytes): httpx's request
+    and response objects, its JSON decoding and a per-id type check were most of the twin's binary search, about 13
+    round trips a twin (the reference server with --resume-cost 0.06, cProfile 2026-12-07)."""
     try:
-        response = await client.post_json("/tokenize", body)
+        status, content = await client.post_for_bytes("/tokenize", body)
     except ServerProblem:
         return None
-    if response.status_code != 200:
+    if status != 200:
         return None
-    tokens = response.json().get("tokens")
-    return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    tokens = data.get("tokens") if isinstance(data, dict) else None
+    return tokens if isinstance(tokens, list) and set(map(type, tokens)) <= _INTEGERS else None
 
 
 async def prefix_text(client: Any, text: str, model: str, tokens: int) -> str | None:

@@ -24,6 +24,9 @@ class Writers:
         self._records: dict[int, tuple[Record, str]] = {}        # request -> (record, its prompt text)
         self._buckets: dict[str, dict[int, Record]] = {}
         self._short: dict[int, Record] = {}                       # prompts shorter than BUCKET_CHARS
+        # by (salt, model, api): where a hit's bucket holds no writer, only records under its salt can be one (a
+        # salted control or twin request scanned all 512 kept records, none of them under its fresh salt)
+        self._alike: dict[tuple, dict[int, Record]] = {}
         self._answers: collections.OrderedDict[int, tuple[object, Record | None]] = collections.OrderedDict()
 
     def __len__(self) -> int:
@@ -35,6 +38,7 @@ class Writers:
             return
         text = prompt_text(record.spec)
         self._records[record.request] = (record, text)
+        self._alike.setdefault(_identity(record.spec), {})[record.request] = record
         if len(text) < BUCKET_CHARS:
             self._short[record.request] = record
         else:
@@ -45,6 +49,11 @@ class Writers:
         if kept is None:
             return
         text = kept[1]
+        alike = self._alike.get(_identity(kept[0].spec))
+        if alike is not None:
+            alike.pop(request, None)
+            if not alike:
+                del self._alike[_identity(kept[0].spec)]
         if len(text) < BUCKET_CHARS:
             self._short.pop(request, None)
             return
@@ -67,7 +76,7 @@ class Writers:
             if bucket:
                 best = self._best(record, text, bucket.values())
         if best is None:
-            best = self._best(record, text, (kept for kept, _ in self._records.values()))
+            best = self._best(record, text, self._alike.get(_identity(record.spec), {}).values())
         self._answers[record.request] = (record.spec, best)
         if len(self._answers) > KEEP_ANSWERS:
             self._answers.popitem(last=False)
@@ -85,3 +94,8 @@ class Writers:
             if shared > best_len or shared == best_len and best is not None and other.request > best.request:
                 best, best_len = other, shared
         return best
+
+
+def _identity(spec) -> tuple:
+    """What _best requires equal, less the extra fields (a dict: compared there)."""
+    return spec.salt, spec.model, spec.api

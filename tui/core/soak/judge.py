@@ -3,8 +3,7 @@ cold path of the same request (re-sent under a fresh salt) is right. A foreign c
 control: no cold path can produce a code the request never saw. Fingerprints (cold greedy tokens
 and log-probabilities) are judged the same way, with the near-tie rule for numerics.
 
-The judge sends its controls through the Requester (the `Sender` protocol), keeps the cold fingerprints.
-"""
+The judge sends its controls through the Requester (the `Sender` protocol), keeps the cold fingerprints."""
 
 from __future__ import annotations
 
@@ -329,36 +328,32 @@ class Judge:
             rehits.append(await self.rq.send(state, record.spec, task=record.task, memo=record.memo, slot=record.slot,
                                              round=record.round, turn=record.turn, expect="hit", arm="control",
                                              of_request=record.request))
-        cold_same = sum(m.matches(tolerance) for m in self.fingerprints.match_all([c.completion.logprobs for c in colds],
-                                                                                  own.logprobs))
-        rehit_matches = self.fingerprints.match_all([r.completion.logprobs for r in rehits], run)
-        hit_same = sum(r.hit and m.matches(tolerance) for r, m in zip(rehits, rehit_matches))
+        match_all = self.fingerprints.match_all
+        cold_same = sum(m.matches(tolerance) for m in match_all([c.completion.logprobs for c in colds], own.logprobs))
+        hit_same = sum(r.hit and m.matches(tolerance) for r, m in zip(rehits, match_all([r.completion.logprobs
+                                                                                        for r in rehits], run)))
         where = f"first {mine.agreeing} tokens agree, log-probabilities {mine.distance:.4f} apart"
         evidence = dict(own_request=own.request, control_requests=[c.request for c in colds],
                         rehit_requests=[r.request for r in rehits], own_distance=mine.distance,
                         cold_reproduced=cold_same, hit_reproduced=hit_same)
         reproduced = cold_same == REPRODUCE and hit_same == REPRODUCE
-        # A reproducible deviation may still be only what resuming at a grid line costs, on a server that
-        # resumes recurrent state on a grid, within the cost calibrated in the run (resume.py): there its twin
-        # (twin.py) tells that arithmetic from a wrong state. Anywhere else it is the fail it always was.
+        # A reproducible deviation may still be only what resuming at a grid line costs, within the cost calibrated
+        # in the run (resume.py): there its twin (twin.py) tells that from a wrong state. Elsewhere it is a fail.
         resumes = self.twins.allowed
-        # Every re-hit deviates beyond what resuming costs at its own point, never the same way, while every cold
-        # run writes the cold fingerprint: no kernel (its noise reaches the cold runs too) but a restore that hands
-        # a different wrong state each time (another request's state, a slot nothing wrote, an earlier line's
-        # state; issue 33). checks/rehits.py says why the re-hits may resume elsewhere than the hit.
+        # Every re-hit off beyond what resuming costs at its own point, never the same way, while every cold run
+        # writes the cold fingerprint: no kernel (its noise reaches the cold runs too) but a restore handing a new
+        # wrong state each time (issue 33; checks/rehits.py: why re-hits may resume elsewhere than the hit).
         calibration = self.twins.calibration
         beyond = max(tolerance, calibration.bound) if resumes else tolerance
         def resumed_right(hit: Record) -> bool:   # within what resuming costs (each restore of its lineage), or
             lp = hit.completion.logprobs          # parting from cold the way resuming can
             bound = max(beyond, self.twins.chain_bound(hit)) if resumes else beyond
-            return self.fingerprints.match_all([lp], own.logprobs)[0].matches(bound) or (
+            return match_all([lp], own.logprobs)[0].matches(bound) or (
                 resumes and calibration.explains_parting(checks.compare_logprobs(own.logprobs, lp)))
-        # asked only where the answer can be yes: a deviation that reproduces (the GPU's bf16 resumes, every one)
-        # walked each hit's lineage six times for nothing (resumed_right: 7% of the profiled CPU of a 128-stream soak
-        # on the reference server with --resume-cost 0.06, cProfile 2026-12-07)
-        varies = may_vary_on_hits(cold_same, reproduced, REPRODUCE) and varies_on_hits(
-            resumed_right(record), [resumed_right(r) if r.hit else None for r in rehits], cold_same, reproduced,
-            REPRODUCE)
+        # asked only where it can say yes: a reproduced deviation walked six lineages for nothing (7% of a soak's CPU,
+        # cProfile, 128 streams, the reference server with --resume-cost 0.06, 2026-12-07)
+        varies = may_vary_on_hits(cold_same, reproduced, REPRODUCE) and varies_on_hits(resumed_right(record), [
+            resumed_right(r) if r.hit else None for r in rehits], cold_same, reproduced, REPRODUCE)
         points = sorted({r.cached for r in rehits if r.cached is not None})
         at = (f"at the same {record.cached} tokens" if points == [record.cached] else
               f"at {', '.join(map(str, points))} tokens (the hit at {record.cached})")

@@ -129,6 +129,28 @@ async def test_a_kept_alive_connection_serves_the_next_stream():
     assert server.requests == 2 and server.connections == 1
 
 
+async def test_an_answer_read_leaves_no_garbage_for_the_cyclic_collector():
+    """llhttp's parser holds the response's callbacks and the response holds the parser: released when the
+    body closes, every answer's objects go by reference counting, not in the cyclic collector's walks."""
+    import gc
+    from tui.core.server.transport import _Response
+    body = CHUNKED_HEAD + chunked(sse_events(["x", "y"]))
+    async with RawServer([[(0, body)]] * 3) as server:
+        client = OpenAIClient(server.url)
+        try:
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(3):
+                    assert (await client.stream(SPEC)).text == "xy"
+                alive = sum(1 for o in gc.get_objects() if type(o) is _Response)
+            finally:
+                gc.enable()
+        finally:
+            await client.aclose()
+    assert alive == 0
+
+
 async def test_a_server_hanging_up_mid_body_is_a_stream_error():
     body = chunked(sse_events(["partial", "rest"]))
     with pytest.raises(StreamError, match="broke"):

@@ -11,7 +11,9 @@
 # start (a pair took about 75 s in runs U and V). One line a soak on stdout and in $OUT/pairs.txt (or
 # /tmp/hpgpu/results/pairs.txt): tag, verdict, requests, checked hits, steady CPU ms a request of hitproof and of
 # the raw client, their ratio, the request-rate ratio, the TTFT hitproof adds (median / p99 ms), the seconds to
-# 299 checked hits. Each pair's result.json stays in /tmp/hpgpu/results/pairs/.
+# 299 checked hits; a soak that did not pass adds its verdict's reasons, and its log comes back gzipped in $OUT
+# (the first $HPGPU_KEEP_LOGS, 2: run Y's two INCONCLUSIVE soaks at 128 streams came back without a reason). Each
+# pair's result.json stays in /tmp/hpgpu/results/pairs/.
 set -uo pipefail
 budget=${1:?budget in seconds}
 base_tgz=${2:-}
@@ -41,8 +43,18 @@ print(f"{tag}: verdict {r.get('verdict')}, {h.get('requests')} requests, {h.get(
       f"{ms(h.get('steady_cpu_s_per_request'))} / {ms(w.get('steady_cpu_s_per_request'))} ms, ratio "
       f"{num(r.get('steady_cpu_ratio'), '.2f')}, rate ratio {num(r.get('rate_ratio'), '.3f')}, TTFT added "
       f"{num(t.get('added_median_ms'), '.1f')} / {num(t.get('added_p99_ms'), '.1f')} ms, "
-      f"{num(r.get('seconds_to_default_target'), '.1f')} s to 299 checked")
+      f"{num(r.get('seconds_to_default_target'), '.1f')} s to 299 checked"
+      + ("" if r.get("verdict") == "pass" else f" (why: {r.get('verdict_reasons') or r.get('verdict_message') or 'not said'})"))
 PY
+}
+kept_logs=0
+keep_log() {   # tag soak-folder: a soak that did not pass, its log gzipped where the call's files come back
+    local verdict
+    verdict=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("verdict"))' "$2/result.json" 2>/dev/null)
+    if [ "$verdict" != "pass" ] && [ -n "${OUT:-}" ] && [ -f "$2/H.jsonl" ] \
+            && [ "$kept_logs" -lt "${HPGPU_KEEP_LOGS:-2}" ]; then
+        gzip -c "$2/H.jsonl" > "$OUT/$1-$streams-H.jsonl.gz" && kept_logs=$((kept_logs + 1))
+    fi
 }
 one() {   # tag tree
     local tag=$1 tree=$2 left=$(( budget - ($(date +%s) - start) ))
@@ -50,6 +62,7 @@ one() {   # tag tree
     (cd "$tree" && PYTHONPATH="$site:$tree" timeout $(( left - 5 )) python3 benchmarks/gpu/rate.py --attach "$url" \
         --scenario scenarios/gpu-quick.toml --streams "$streams" --power 0.3% --out "$dir/$tag" > "$dir/$tag.log" 2>&1)
     summary "$tag" "$dir/$tag/streams-$streams/result.json" | tee -a "$out"
+    keep_log "$tag" "$dir/$tag/streams-$streams"
 }
 i=0
 while true; do

@@ -151,7 +151,7 @@ def measure(url: str, scenario: str, out: Path, timeout: float, streams: int | N
     soak_s, replay_s = facts["soak_s"], replay["seconds"]
     result = {
         "url": url, "scenario": scenario, "exit_code": code, "verdict": report.get("verdict"),
-        "verdict_reasons": evidence_rate.verdict_reasons(report),
+        "verdict_reasons": evidence_rate.verdict_reasons(report), "verdict_message": report.get("message"),
         "hitproof": {"requests": requests_h, "hits": hits_h, "checked_hits": checked,
                      "checked": {k: (ev.get(k) or {}).get("checked_hits") for k in ("recall", "fingerprint")},
                      "soak_s": round(soak_s, 2), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),

@@ -28,14 +28,14 @@ start=$(date +%s)
 if [ -n "$base_tgz" ]; then
     rm -rf /tmp/base && mkdir -p /tmp/base && tar -xzf "$base_tgz" -C /tmp/base || exit 2
 fi
-summary() {   # tag result.json
+summary() {   # tag result.json: one line; exit status 3 for a soak that did not pass (or left no result)
     python3 - "$1" "$2" <<'PY'
 import json, sys
 tag, path = sys.argv[1], sys.argv[2]
 try:
     r = json.load(open(path))
 except (OSError, ValueError) as exc:
-    print(f"{tag}: no result ({exc})"); sys.exit()
+    print(f"{tag}: no result ({exc})"); sys.exit(3)
 h, w, t = r.get("hitproof") or {}, r.get("raw") or {}, r.get("ttft") or {}
 ms = lambda v: "?" if v is None else f"{1000 * v:.3f}"
 num = lambda v, f: "?" if v is None else format(v, f)
@@ -45,14 +45,12 @@ print(f"{tag}: verdict {r.get('verdict')}, {h.get('requests')} requests, {h.get(
       f"{num(t.get('added_median_ms'), '.1f')} / {num(t.get('added_p99_ms'), '.1f')} ms, "
       f"{num(r.get('seconds_to_default_target'), '.1f')} s to 299 checked"
       + ("" if r.get("verdict") == "pass" else f" (why: {r.get('verdict_reasons') or r.get('verdict_message') or 'not said'})"))
+sys.exit(0 if r.get("verdict") == "pass" else 3)
 PY
 }
 kept_logs=0
 keep_log() {   # tag soak-folder: a soak that did not pass, its log gzipped where the call's files come back
-    local verdict
-    verdict=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("verdict"))' "$2/result.json" 2>/dev/null)
-    if [ "$verdict" != "pass" ] && [ -n "${OUT:-}" ] && [ -f "$2/H.jsonl" ] \
-            && [ "$kept_logs" -lt "${HPGPU_KEEP_LOGS:-2}" ]; then
+    if [ -n "${OUT:-}" ] && [ -f "$2/H.jsonl" ] && [ "$kept_logs" -lt "${HPGPU_KEEP_LOGS:-2}" ]; then
         gzip -c "$2/H.jsonl" > "$OUT/$1-$streams-H.jsonl.gz" && kept_logs=$((kept_logs + 1))
     fi
 }
@@ -61,8 +59,9 @@ one() {   # tag tree
     if [ "$left" -lt 90 ]; then return 1; fi
     (cd "$tree" && PYTHONPATH="$site:$tree" timeout $(( left - 5 )) python3 benchmarks/gpu/rate.py --attach "$url" \
         --scenario scenarios/gpu-quick.toml --streams "$streams" --power 0.3% --out "$dir/$tag" > "$dir/$tag.log" 2>&1)
-    summary "$tag" "$dir/$tag/streams-$streams/result.json" | tee -a "$out"
-    keep_log "$tag" "$dir/$tag/streams-$streams"
+    if ! summary "$tag" "$dir/$tag/streams-$streams/result.json" | tee -a "$out"; then
+        keep_log "$tag" "$dir/$tag/streams-$streams"
+    fi
 }
 i=0
 while true; do

@@ -37,6 +37,7 @@ try:
 except (OSError, ValueError) as exc:
     print(f"{tag}: no result ({exc})"); sys.exit(3)
 h, w, t = r.get("hitproof") or {}, r.get("raw") or {}, r.get("ttft") or {}
+passed = r.get("verdict") == "pass"
 ms = lambda v: "?" if v is None else f"{1000 * v:.3f}"
 num = lambda v, f: "?" if v is None else format(v, f)
 print(f"{tag}: verdict {r.get('verdict')}, {h.get('requests')} requests, {h.get('checked_hits')} checked, CPU "
@@ -44,8 +45,8 @@ print(f"{tag}: verdict {r.get('verdict')}, {h.get('requests')} requests, {h.get(
       f"{num(r.get('steady_cpu_ratio'), '.2f')}, rate ratio {num(r.get('rate_ratio'), '.3f')}, TTFT added "
       f"{num(t.get('added_median_ms'), '.1f')} / {num(t.get('added_p99_ms'), '.1f')} ms, "
       f"{num(r.get('seconds_to_default_target'), '.1f')} s to 299 checked"
-      + ("" if r.get("verdict") == "pass" else f" (why: {r.get('verdict_reasons') or r.get('verdict_message') or 'not said'})"))
-sys.exit(0 if r.get("verdict") == "pass" else 3)
+      + ("" if passed else f" (why: {r.get('verdict_reasons') or r.get('verdict_message') or 'not said'})"))
+sys.exit(0 if passed else 3)
 PY
 }
 kept_logs=0

@@ -276,6 +276,7 @@ async def replay(plan: dict) -> dict:
         for j in deps:
             await done[j].wait()
         ready[i].set()
+        began = time.monotonic()
         state["in_flight"] += 1
         state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
         try:
@@ -283,6 +284,7 @@ async def replay(plan: dict) -> dict:
         except (OSError, TimeoutError) as exc:
             results[i] = {"error": f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__}
         state["in_flight"] -= 1
+        results[i]["span"] = (began - started, time.monotonic() - started)    # the replay's clock, for phase_time
         done[i].set()
         if prefix["events"] and i == prefix["ended"]:
             advance()
@@ -296,8 +298,9 @@ async def replay(plan: dict) -> dict:
         raw = res.pop("raw", b"")
         cached = CACHED.findall(raw)
         prompt = PROMPT.findall(raw)
+        span = res.get("span") or (None, None)
         out.append({"key": r["key"], "ttft": res.get("ttft"), "error": res.get("error"),
-                    "resent": res.get("resent", False),
+                    "resent": res.get("resent", False), "start": span[0], "end": span[1],
                     "cached": int(cached[-1]) if cached else None, "prompt_tokens": int(prompt[-1]) if prompt else None})
     # CPU from the first request to the last one parsed (its start-up, the connections, excluded)
     return {"requests": out, "seconds": seconds, "max_in_flight": state["max_in_flight"],
@@ -338,12 +341,12 @@ def read_log(path: Path) -> dict:
             elif t == "run_end":
                 end, verdict = e["t"], e.get("verdict")
             elif t == "request_start":
-                starts[e["request"]] = {"seq": e["seq"], "phase": e["phase"], "slot": e.get("slot"),
+                starts[e["request"]] = {"seq": e["seq"], "t": e.get("t"), "phase": e["phase"], "slot": e.get("slot"),
                                         "round": e.get("round"), "arm": e.get("arm"), "memo": e.get("memo")}
                 order.append(e["request"])
             elif t == "request_end":
-                ends[e["request"]] = {"seq": e["seq"], "ttft": e.get("ttft"), "cached": e.get("cached_tokens"),
-                                      "error": e.get("error")}
+                ends[e["request"]] = {"seq": e["seq"], "t": e.get("t"), "ttft": e.get("ttft"),
+                                      "cached": e.get("cached_tokens"), "error": e.get("error")}
     if first_phase is None or end is None:
         raise Problem(f"{path}: the log has no phase or no run_end: the soak did not finish")
     return {"nonce": nonce, "soak_s": end - first_phase, "verdict": verdict, "order": order, "starts": starts,

@@ -11,7 +11,9 @@
 # start (a pair took about 75 s in runs U and V). One line a soak on stdout and in $OUT/pairs.txt (or
 # /tmp/hpgpu/results/pairs.txt): tag, verdict, requests, checked hits, steady CPU ms a request of hitproof and of
 # the raw client, their ratio, the request-rate ratio, the TTFT hitproof adds (median / p99 ms), the seconds to
-# 299 checked hits; a soak that did not pass adds its verdict's reasons, and its log comes back gzipped in $OUT
+# 299 checked hits, the three phases where hitproof took the most longer than the replay (rate.py's "phases"); the
+# first soak is preceded by one not measured (rate.py --warm-up; HPGPU_WARMUP=0: none, for a server already warm
+# from an earlier call: the first soak after vLLM's start ran slower on the server's side in runs W and Z); a soak that did not pass adds its verdict's reasons, and its log comes back gzipped in $OUT
 # (the first $HPGPU_KEEP_LOGS, 2: run Y's two INCONCLUSIVE soaks at 128 streams came back without a reason). Each
 # pair's result.json stays in /tmp/hpgpu/results/pairs/.
 set -uo pipefail
@@ -38,13 +40,16 @@ except (OSError, ValueError) as exc:
     print(f"{tag}: no result ({exc})"); sys.exit(3)
 h, w, t = r.get("hitproof") or {}, r.get("raw") or {}, r.get("ttft") or {}
 passed = r.get("verdict") == "pass"
+added = sorted((x for x in r.get("phases") or [] if x.get("added_s") is not None), key=lambda x: -x["added_s"])
 ms = lambda v: "?" if v is None else f"{1000 * v:.3f}"
 num = lambda v, f: "?" if v is None else format(v, f)
+part = lambda x: f"{x['phase']} {x['added_s']:+.2f} s"
 print(f"{tag}: verdict {r.get('verdict')}, {h.get('requests')} requests, {h.get('checked_hits')} checked, CPU "
       f"{ms(h.get('steady_cpu_s_per_request'))} / {ms(w.get('steady_cpu_s_per_request'))} ms, ratio "
       f"{num(r.get('steady_cpu_ratio'), '.2f')}, rate ratio {num(r.get('rate_ratio'), '.3f')}, TTFT added "
       f"{num(t.get('added_median_ms'), '.1f')} / {num(t.get('added_p99_ms'), '.1f')} ms, "
       f"{num(r.get('seconds_to_default_target'), '.1f')} s to 299 checked"
+      + (f"; added: {', '.join(map(part, added[:3]))}" if added else "")
       + ("" if passed else f" (why: {r.get('verdict_reasons') or r.get('verdict_message') or 'not said'})"))
 sys.exit(0 if passed else 3)
 PY
@@ -58,8 +63,12 @@ keep_log() {   # tag soak-folder: a soak that did not pass, its log gzipped wher
 one() {   # tag tree
     local tag=$1 tree=$2 left=$(( budget - ($(date +%s) - start) ))
     if [ "$left" -lt 90 ]; then return 1; fi
+    local warm=()
+    if [ "${HPGPU_WARMUP:-1}" != 0 ] && [ "$tag" = new1 ]; then warm=(--warm-up); fi
     (cd "$tree" && PYTHONPATH="$site:$tree" timeout $(( left - 5 )) python3 benchmarks/gpu/rate.py --attach "$url" \
-        --scenario scenarios/gpu-quick.toml --streams "$streams" --power 0.3% --out "$dir/$tag" > "$dir/$tag.log" 2>&1)
+        --scenario scenarios/gpu-quick.toml --streams "$streams" --power 0.3% "${warm[@]}" --out "$dir/$tag" \
+        > "$dir/$tag.log" 2>&1)
+    if [ ${#warm[@]} -gt 0 ]; then grep -h "warm-up: exit" "$dir/$tag.log" | tee -a "$out"; fi
     if ! summary "$tag" "$dir/$tag/streams-$streams/result.json" | tee -a "$out"; then
         keep_log "$tag" "$dir/$tag/streams-$streams"
     fi

@@ -35,6 +35,11 @@ gpu-quick long enough), the TTFT median and p99 hitproof adds (its distribution'
 client's, the same requests), and the seconds of soak to default's target at H's checked-hit rate.
 One table row per width is printed and, with --results FILE, appended to FILE under a dated heading
 with the machine (benchmarks/RESULTS.md keeps them).
+
+Each measurement also says where hitproof's soak took longer than the replay, phase by phase (phase_time.py:
+result key "phases"), and what each side spent outside its requests' span ("outside_requests_s"). `--warm-up`
+soaks once, not measured, before the first measurement: a server's first soak after its start ran slower on the
+server's side, and H always runs before its R.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import evidence_rate  # noqa: E402  (record, replay, read_log, build_plan: reused as they are)
+import phase_time  # noqa: E402
 
 DEFAULT_TARGET = 299          # scenarios/default.toml: 1% at 95%
 
@@ -173,6 +179,12 @@ def measure(url: str, scenario: str, out: Path, timeout: float, streams: int | N
     result["steady_cpu_ratio"] = per(result["hitproof"]["steady_cpu_s_per_request"],
                                      result["raw"]["steady_cpu_s_per_request"])
     result["ttft"] = ttft_added(h_ttft, r_ttft)
+    h_rows, r_rows = phase_time.rows_of(facts, raw)
+    result["phases"] = phase_time.phase_time(h_rows, r_rows)
+    # H's soak runs from its first phase_start to its run_end, R's from its first request (the probe) to its last
+    # end: what each spent outside its requests' span (H: a phase's set-up before its first request, the verdict)
+    result["outside_requests_s"] = {"hitproof": round(soak_s - phase_time.span(h_rows), 3),
+                                    "raw": round(replay_s - phase_time.span(r_rows), 3)}
     result["seconds_to_default_target"] = per(DEFAULT_TARGET * 60, result["hitproof"]["checked_per_min"])
     h, r = result["hitproof"], result["raw"]
     result["rate_ratio"] = per(h["requests_per_s"], r["requests_per_s"])
@@ -197,8 +209,26 @@ def measure(url: str, scenario: str, out: Path, timeout: float, streams: int | N
     say(f"TTFT added by hitproof: median {fmt(t['added_median_ms'], 2)} ms, p99 {fmt(t['added_p99_ms'], 2)} ms "
         f"(hitproof {fmt(t['hitproof_median_ms'], 2)} / {fmt(t['hitproof_p99_ms'], 2)} ms, raw "
         f"{fmt(t['raw_median_ms'], 2)} / {fmt(t['raw_p99_ms'], 2)} ms)")
+    say("time by phase, hitproof / raw client s (hitproof's extra): " + ", ".join(
+        f"{p['phase']} {p['hitproof_s']:.2f} / {fmt(p['raw_s'], 2)} ({fmt(p['added_s'], 2)})" for p in result["phases"])
+        + f"; outside the requests: hitproof {result['outside_requests_s']['hitproof']:.2f} s, raw client "
+          f"{result['outside_requests_s']['raw']:.2f} s")
     (out / "result.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def warm_up(url: str, scenario: str, out: Path, timeout: float, streams: int | None) -> None:
+    """One soak not measured, before the first: the first soak after a vLLM's start ran slower on the server's side
+    (runs W and Z: request-rate ratio 0.845 and 0.683, TTFT p99 1.7 and 1.4 s more than the replay's, which came
+    after it; the soaks after were at 0.92-1.10), and the replay always comes second."""
+    out.mkdir(parents=True, exist_ok=True)
+    extra = ["--streams", str(streams)] if streams else []
+    say(f"warm-up: hitproof run --attach {url} --scenario {scenario} {' '.join(extra)}, not measured")
+    code, wall, _ = timed_child([sys.executable, "-m", "tui", "run", "--attach", url, "--scenario", scenario,
+                                 "--headless", "--record", str(out / "W.jsonl"), *extra], timeout, out / "W.console.txt")
+    if code not in (0, 1, 4):
+        raise evidence_rate.Problem(f"the warm-up soak ended with exit {code}: {evidence_rate.tail_of(out / 'W.console.txt')}")
+    say(f"warm-up: exit {code} after {wall:.1f} s")
 
 
 COLUMNS = ("streams", "requests H / R", "requests/s H / R", "ratio", "hits/min H / R", "ratio",
@@ -282,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds each of H and R may take (default %(default)g)")
     parser.add_argument("--pairs", type=int, default=1, metavar="N",
                         help="H then R, N times at each width (a row each, then their medians; default %(default)s)")
+    parser.add_argument("--warm-up", action="store_true",
+                        help="one hitproof soak at the first width before any measured, not measured (a server's first "
+                             "requests after its start run slower)")
     args = parser.parse_args(argv)
     url = args.attach.rstrip("/").removesuffix("/v1")
     out = Path(args.out) if args.out else ROOT / "logs" / f"rate-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -289,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         widths = parse_streams(args.streams)
         if not 1 <= args.pairs <= 20:
             raise evidence_rate.Problem(f"--pairs: between 1 and 20 (got {args.pairs})", 2)
+        if args.warm_up:
+            warm_up(url, args.scenario, out / "warm-up", args.timeout, widths[0])
         results = []
         for n in widths:
             where = out / f"streams-{n}" if n else out

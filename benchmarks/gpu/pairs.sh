@@ -11,9 +11,10 @@
 # start (a pair took about 75 s in runs U and V). One line a soak on stdout and in $OUT/pairs.txt (or
 # /tmp/hpgpu/results/pairs.txt): tag, verdict, requests, checked hits, steady CPU ms a request of hitproof and of
 # the raw client, their ratio, the request-rate ratio, the TTFT hitproof adds (median / p99 ms), the seconds to
-# 299 checked hits, the three phases where hitproof took the most longer than the replay (rate.py's "phases"); the
-# first soak is preceded by one not measured (rate.py --warm-up; HPGPU_WARMUP=0: none, for a server already warm
-# from an earlier call: the first soak after vLLM's start ran slower on the server's side in runs W and Z); a soak that did not pass adds its verdict's reasons, and its log comes back gzipped in $OUT
+# 299 checked hits, the three phases where hitproof took the most longer than the replay (rate.py's "phases",
+# phase_time.line); the first soak is preceded by one not measured (rate.py --warm-up; HPGPU_WARMUP=0: none, for a
+# server already warm from an earlier call: the first soak after vLLM's start ran slower on the server's side in
+# runs W and Z); a soak that did not pass adds its verdict's reasons, and its log comes back gzipped in $OUT
 # (the first $HPGPU_KEEP_LOGS, 2: run Y's two INCONCLUSIVE soaks at 128 streams came back without a reason). Each
 # pair's result.json stays in /tmp/hpgpu/results/pairs/.
 set -uo pipefail
@@ -31,8 +32,10 @@ if [ -n "$base_tgz" ]; then
     rm -rf /tmp/base && mkdir -p /tmp/base && tar -xzf "$base_tgz" -C /tmp/base || exit 2
 fi
 summary() {   # tag result.json: one line; exit status 3 for a soak that did not pass (or left no result)
-    python3 - "$1" "$2" <<'PY'
+    python3 - "$1" "$2" "$here/benchmarks/gpu" <<'PY'
 import json, sys
+sys.path.insert(0, sys.argv[3])
+import phase_time                     # this tree's (the base tree's results may have no "phases")
 tag, path = sys.argv[1], sys.argv[2]
 try:
     r = json.load(open(path))
@@ -40,16 +43,14 @@ except (OSError, ValueError) as exc:
     print(f"{tag}: no result ({exc})"); sys.exit(3)
 h, w, t = r.get("hitproof") or {}, r.get("raw") or {}, r.get("ttft") or {}
 passed = r.get("verdict") == "pass"
-added = sorted((x for x in r.get("phases") or [] if x.get("added_s") is not None), key=lambda x: -x["added_s"])
 ms = lambda v: "?" if v is None else f"{1000 * v:.3f}"
 num = lambda v, f: "?" if v is None else format(v, f)
-part = lambda x: f"{x['phase']} {x['added_s']:+.2f} s"
 print(f"{tag}: verdict {r.get('verdict')}, {h.get('requests')} requests, {h.get('checked_hits')} checked, CPU "
       f"{ms(h.get('steady_cpu_s_per_request'))} / {ms(w.get('steady_cpu_s_per_request'))} ms, ratio "
       f"{num(r.get('steady_cpu_ratio'), '.2f')}, rate ratio {num(r.get('rate_ratio'), '.3f')}, TTFT added "
       f"{num(t.get('added_median_ms'), '.1f')} / {num(t.get('added_p99_ms'), '.1f')} ms, "
       f"{num(r.get('seconds_to_default_target'), '.1f')} s to 299 checked"
-      + (f"; added: {', '.join(map(part, added[:3]))}" if added else "")
+      + (f"; added: {phase_time.line(r['phases'])}" if r.get("phases") else "")
       + ("" if passed else f" (why: {r.get('verdict_reasons') or r.get('verdict_message') or 'not said'})"))
 sys.exit(0 if passed else 3)
 PY

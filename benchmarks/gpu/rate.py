@@ -223,7 +223,7 @@ def warm_up(url: str, scenario: str, out: Path, timeout: float, streams: int | N
     after it; the soaks after were at 0.92-1.10), and the replay always comes second."""
     out.mkdir(parents=True, exist_ok=True)
     extra = ["--streams", str(streams)] if streams else []
-    say(f"warm-up: hitproof run --attach {url} --scenario {scenario} {' '.join(extra)}, not measured")
+    say(f"warm-up: {' '.join(['hitproof run --attach', url, '--scenario', scenario, *extra])}, not measured")
     code, wall, _ = timed_child([sys.executable, "-m", "tui", "run", "--attach", url, "--scenario", scenario,
                                  "--headless", "--record", str(out / "W.jsonl"), *extra], timeout, out / "W.console.txt")
     if code not in (0, 1, 4):

